@@ -1,0 +1,441 @@
+"""AdaptiveLoadBalancingPolicy: the driver-facing weighted least-loaded policy.
+
+It wraps any driver ``LoadBalancingPolicy`` (the *child*). The child still decides which
+hosts are eligible and at what distance; this policy decides in which order the best few
+are tried:
+
+1. replicas of the statement's routing key, from an LRU cache (:mod:`adaptive_lb.replicas`);
+2. candidates: the live local replicas, filled with random live local hosts up to
+   ``sample_size``;
+3. each scored ``(in_flight + 1) x rack x replica x health`` penalties
+   (:mod:`adaptive_lb.scoring`), ascending, ties broken at random;
+4. then the rest of the child's plan minus the hosts already yielded.
+
+Guarantees:
+
+* The hosts yielded are exactly the child's plan, each once: candidates come from the
+  hosts the child considers live and local, and the rest of the plan excludes them.
+* The child's ``make_query_plan`` is called at most once per plan. A stock
+  ``TokenAwarePolicy`` child is looked through: its replica work is done here (cached) and
+  the rest of the plan comes from its own child.
+* An exception inside this policy never reaches the driver: it is counted
+  (:attr:`AdaptiveLoadBalancingPolicy.internal_errors`), logged at most once a minute, and
+  the child's plan is used.
+* The hot path takes no lock except the replica cache's, reads an immutable topology
+  snapshot rebuilt only on topology events, and computes no percentile.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from random import random
+from typing import Any
+
+from attrs import define
+from cassandra import ConsistencyLevel
+from cassandra.policies import LoadBalancingPolicy
+
+from adaptive_lb._driver import LOCAL_DISTANCES, ChildChain, analyse_child
+from adaptive_lb.clock import SYSTEM_CLOCK, Clock
+from adaptive_lb.config import Config
+from adaptive_lb.replicas import ReplicaResolver
+from adaptive_lb.scoring import TIE_JITTER, HostView, choose_fill, order_lwt, rank
+from adaptive_lb.stats import StatsRegistry
+from adaptive_lb.topology import Topology
+
+__all__ = ["AdaptiveLoadBalancingPolicy"]
+
+log = logging.getLogger("adaptive_lb.policy")
+
+_ERROR_LOG_INTERVAL_NS = 60 * 1_000_000_000
+
+
+@define(frozen=True, slots=True)
+class _PlanSettings:
+    """The few config values the hot path reads, published as one reference."""
+
+    sample_size: int
+    non_replica_penalty: float
+    non_local_rack_penalty: float
+    token_aware: bool
+    lwt_deterministic: bool
+    local_rack: str | None
+
+    @classmethod
+    def of(cls, config: Config, chain: ChildChain) -> _PlanSettings:
+        p = config.policy
+        local_rack = p.local_rack
+        if local_rack is None:
+            local_rack = getattr(chain.base, "local_rack", None) or None
+        return cls(
+            sample_size=p.sample_size,
+            non_replica_penalty=p.non_replica_penalty,
+            non_local_rack_penalty=p.non_local_rack_penalty,
+            token_aware=p.token_aware,
+            lwt_deterministic=p.lwt_deterministic,
+            local_rack=local_rack,
+        )
+
+
+_SERIAL = frozenset((ConsistencyLevel.SERIAL, ConsistencyLevel.LOCAL_SERIAL))
+
+
+def _is_lwt(query: Any) -> bool:
+    """A lightweight transaction: scylla-driver's ``is_lwt()`` where the statement has it
+    (conditional prepared statements), or a SERIAL / LOCAL_SERIAL read (cassandra-driver
+    reports no LWT flag)."""
+    is_lwt = getattr(query, "is_lwt", None)
+    if is_lwt is not None and is_lwt():
+        return True
+    return query.consistency_level in _SERIAL
+
+
+class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
+    """Reorders the head of any child policy's plan by measured load and health.
+
+    :param child: the policy to wrap, e.g. ``TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1"))``.
+    :param config: settings (:class:`adaptive_lb.config.Config`); defaults when None.
+    :param clock: monotonic clock for tracking and health (tests and the simulator inject one).
+
+    Use it wherever the driver takes a load-balancing policy::
+
+        Cluster(load_balancing_policy=AdaptiveLoadBalancingPolicy(child))
+        ExecutionProfile(load_balancing_policy=AdaptiveLoadBalancingPolicy(child))
+    """
+
+    def __init__(
+        self,
+        child: LoadBalancingPolicy,
+        config: Config | None = None,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(child, LoadBalancingPolicy):
+            raise TypeError(f"child must be a cassandra LoadBalancingPolicy, got {child!r}")
+        self._child = child
+        self._chain = analyse_child(child)
+        self._config = config if config is not None else Config()
+        self._settings = _PlanSettings.of(self._config, self._chain)
+        self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
+        self.stats = StatsRegistry(self._config.tracking, self._clock)
+        """Per-host live statistics (in-flight, latency window, health penalty)."""
+        self._topology = Topology()
+        self._topology_lock = threading.RLock()
+        self._generation = 0
+        self._hosts: dict[int, Any] = {}
+        self._live: set[int] = set()
+        self._local_dc_seen: Any = None
+        self._metadata: Any = None
+        self._resolver: ReplicaResolver | None = None
+        self._error_lock = threading.Lock()
+        self.internal_errors = 0
+        """Exceptions caught inside the policy (each answered with the child's plan)."""
+        self._last_error_log_ns: int | None = None
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def child(self) -> LoadBalancingPolicy:
+        """The wrapped policy."""
+        return self._child
+
+    @property
+    def config(self) -> Config:
+        """The config in force."""
+        return self._config
+
+    @property
+    def clock(self) -> Clock:
+        """The clock used by tracking and health."""
+        return self._clock
+
+    @property
+    def topology(self) -> Topology:
+        """The current topology snapshot (immutable)."""
+        return self._topology
+
+    @property
+    def replica_cache(self):
+        """The replica LRU cache (None before :meth:`populate`)."""
+        return self._resolver.cache if self._resolver is not None else None
+
+    # ------------------------------------------------------------------ driver contract
+
+    def populate(self, cluster: Any, hosts: Any) -> None:
+        """Populate the child, then build the topology snapshot and the replica resolver."""
+        self._child.populate(cluster, hosts)
+        with self._topology_lock:
+            self._metadata = cluster.metadata
+            self._resolver = ReplicaResolver(
+                cluster.metadata, self._config.policy.replica_cache_size
+            )
+            for host in hosts:
+                self._hosts[id(host)] = host
+                self._live.add(id(host))
+            self._rebuild()
+
+    def distance(self, host: Any) -> int:
+        """The child's distance."""
+        return self._child.distance(host)
+
+    def check_supported(self) -> None:
+        """The child's check."""
+        return self._child.check_supported()
+
+    def on_up(self, host: Any) -> None:
+        """Tell the child, then mark the host live in the snapshot."""
+        self._child.on_up(host)
+        self._host_changed(host, live=True)
+
+    def on_down(self, host: Any) -> None:
+        """Tell the child, then mark the host not live in the snapshot."""
+        self._child.on_down(host)
+        self._host_changed(host, live=False)
+
+    def on_add(self, host: Any) -> None:
+        """Tell the child, then add the host (live, like the stock policies do)."""
+        self._child.on_add(host)
+        self._host_changed(host, live=True)
+
+    def on_remove(self, host: Any) -> None:
+        """Tell the child, then forget the host and free its statistics."""
+        self._child.on_remove(host)
+        with self._topology_lock:
+            self._hosts.pop(id(host), None)
+            self._live.discard(id(host))
+            self._generation += 1
+            self._topology = self._topology.without_host(host, self._generation)
+        self.stats.remove(host)
+
+    # ------------------------------------------------------------------ topology
+
+    def refresh_topology(self) -> None:
+        """Rebuild the snapshot from scratch: call it after changing something the child's
+        distances depend on outside of topology events (e.g. a HostFilterPolicy predicate)."""
+        with self._topology_lock:
+            self._rebuild()
+
+    def _view(self, host: Any, live: bool) -> HostView:
+        settings = self._settings
+        distance = self._child.distance(host)
+        rack = host.rack
+        local_rack = settings.local_rack
+        rack_penalty = 1.0
+        if local_rack is not None and rack != local_rack:
+            rack_penalty = settings.non_local_rack_penalty
+        return HostView(
+            host=host,
+            stats=self.stats.get(host),
+            datacenter=host.datacenter,
+            rack=rack,
+            is_local=distance in LOCAL_DISTANCES,
+            live=live,
+            rack_penalty=rack_penalty,
+        )
+
+    def _rebuild(self) -> None:
+        # Caller holds _topology_lock.
+        self._local_dc_seen = getattr(self._chain.base, "local_dc", None)
+        self._generation += 1
+        live = self._live
+        views = [self._view(host, key in live) for key, host in self._hosts.items()]
+        self._topology = Topology.build(views, self._generation)
+
+    def _host_changed(self, host: Any, live: bool) -> None:
+        with self._topology_lock:
+            key = id(host)
+            self._hosts[key] = host
+            if live:
+                self._live.add(key)
+            else:
+                self._live.discard(key)
+            if getattr(self._chain.base, "local_dc", None) != self._local_dc_seen:
+                # DCAwareRoundRobinPolicy inferred its local DC from this host: every
+                # distance may have changed.
+                self._rebuild()
+                return
+            self._generation += 1
+            self._topology = self._topology.with_view(self._view(host, live), self._generation)
+
+    # ------------------------------------------------------------------ config
+
+    def reload(self, new: Config | str | os.PathLike[str]) -> Config:
+        """Swap in a new config atomically (a plan in progress keeps the old one).
+
+        ``new`` is a :class:`Config` or the path of a YAML file. On any error the current
+        config stays in force and the error is raised (:class:`adaptive_lb.ConfigError`).
+        """
+        if isinstance(new, Config):
+            config = new
+        else:
+            from adaptive_lb.config import load_config
+
+            config = load_config(new)
+        with self._topology_lock:
+            old = self._config
+            self._config = config
+            self._settings = _PlanSettings.of(config, self._chain)
+            if self._resolver is not None and (
+                old.policy.replica_cache_size != config.policy.replica_cache_size
+            ):
+                self._resolver.cache.resize(config.policy.replica_cache_size)
+            if (
+                old.policy.non_local_rack_penalty != config.policy.non_local_rack_penalty
+                or old.policy.local_rack != config.policy.local_rack
+            ):
+                self._rebuild()
+        return config
+
+    # ------------------------------------------------------------------ the hot path
+
+    def make_query_plan(
+        self, working_keyspace: str | None = None, query: Any = None
+    ) -> Iterator[Any]:
+        """Yield hosts: the best-scored candidates first, then the rest of the child's plan.
+
+        See the module docstring for the guarantees.
+        """
+        topology = self._topology
+        settings = self._settings
+        chain = self._chain
+        yielded: set[int] | None = None
+        rest: Iterator[Any] | None = None
+        keyspace = working_keyspace
+        try:
+            if query is not None:
+                keyspace = query.keyspace or working_keyspace
+                if chain.target_host_aware and getattr(query, "target_host", None):
+                    rest = iter(self._child.make_query_plan(working_keyspace, query))
+                    local: tuple[HostView, ...] = ()
+                else:
+                    local = topology.local
+            else:
+                local = topology.local
+
+            if local and self._resolver is not None:
+                allowed: set[int] | None = None
+                if not chain.membership_known:
+                    # A policy we cannot predict: materialise its plan once and choose
+                    # candidates only among the hosts it actually yields.
+                    plan = list(self._rest_plan(keyspace, query))
+                    rest = iter(plan)
+                    allowed = {id(host) for host in plan}
+
+                replicas: tuple[HostView, ...] | list[HostView] = ()
+                if settings.token_aware and keyspace is not None and query is not None:
+                    routing_key = query.routing_key
+                    if routing_key is not None:
+                        replicas, _ = self._resolver.replicas(
+                            keyspace, routing_key, getattr(query, "table", None), topology
+                        )
+                        if replicas and (chain.predicates or allowed is not None):
+                            replicas = self._eligible(replicas, allowed)
+
+                if replicas and settings.lwt_deterministic and _is_lwt(query):
+                    yielded = set()
+                    for view in order_lwt(replicas):
+                        yielded.add(id(view.host))
+                        yield view.host
+                elif replicas:
+                    # First host without building the full candidate list when no
+                    # non-replica could beat the best replica (the common case).
+                    best = replicas[0]
+                    best_score = float("inf")
+                    for view in replicas:
+                        stats = view.stats
+                        score = (
+                            (stats.in_flight + 1)
+                            * view.rack_penalty
+                            * stats.health_penalty
+                            * (1.0 + TIE_JITTER * random())
+                        )
+                        if score < best_score:
+                            best_score = score
+                            best = view
+                    fill_count = settings.sample_size - len(replicas)
+                    if best_score < settings.non_replica_penalty * topology.min_rack_penalty:
+                        yielded = {id(best.host)}
+                        yield best.host
+                        others = [view for view in replicas if view is not best]
+                        fill = self._fill(local, fill_count, replicas, allowed)
+                        ordered = rank(others, fill, settings.non_replica_penalty)
+                    else:
+                        yielded = set()
+                        fill = self._fill(local, fill_count, replicas, allowed)
+                        ordered = rank(replicas, fill, settings.non_replica_penalty)
+                    for view in ordered:
+                        yielded.add(id(view.host))
+                        yield view.host
+                else:
+                    fill = self._fill(local, settings.sample_size, (), allowed)
+                    yielded = set()
+                    for view in rank(fill, (), 1.0):
+                        yielded.add(id(view.host))
+                        yield view.host
+            if rest is None:
+                rest = iter(self._rest_plan(keyspace, query))
+        except Exception:
+            self._internal_error()
+            if rest is None:
+                rest = iter(self._child.make_query_plan(working_keyspace, query))
+
+        if yielded:
+            for host in rest:
+                if id(host) not in yielded:
+                    yield host
+        else:
+            yield from rest
+
+    def _rest_plan(self, keyspace: str | None, query: Any) -> Iterator[Any]:
+        chain = self._chain
+        if chain.token_aware is None and not chain.predicates and not chain.target_host_aware:
+            return self._child.make_query_plan(keyspace, query)
+        plan = chain.base.make_query_plan(keyspace, query)
+        if not chain.predicates:
+            return plan
+        predicates = chain.predicates
+        return (host for host in plan if all(p(host) for p in predicates))
+
+    def _eligible(
+        self, views: tuple[HostView, ...] | list[HostView], allowed: set[int] | None
+    ) -> list[HostView]:
+        predicates = self._chain.predicates
+        return [
+            view
+            for view in views
+            if (allowed is None or id(view.host) in allowed)
+            and all(p(view.host) for p in predicates)
+        ]
+
+    def _fill(
+        self,
+        local: tuple[HostView, ...],
+        count: int,
+        exclude: tuple[HostView, ...] | list[HostView],
+        allowed: set[int] | None,
+    ) -> list[HostView]:
+        if count <= 0:
+            return []
+        if allowed is None and not self._chain.predicates:
+            return choose_fill(local, count, exclude)
+        eligible = self._eligible(local, allowed)
+        return choose_fill(eligible, count, exclude)
+
+    def _internal_error(self) -> None:
+        now = self._clock.now_ns()
+        with self._error_lock:
+            self.internal_errors += 1
+            last = self._last_error_log_ns
+            if last is not None and now - last < _ERROR_LOG_INTERVAL_NS:
+                return
+            self._last_error_log_ns = now
+            count = self.internal_errors
+        log.exception(
+            "adaptive-lb: internal error while building a query plan; the child's plan is "
+            "used instead (%d internal errors so far, logged at most once a minute)",
+            count,
+        )

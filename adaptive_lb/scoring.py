@@ -1,0 +1,162 @@
+"""Candidate choice and the weighted least-loaded order (pure logic, no driver import).
+
+The score of a candidate host is Netflix's WLLLB formula::
+
+    score = (in_flight + 1)
+            x non_local_rack_penalty   if the host is not in the client's rack
+            x non_replica_penalty      if the host is not a replica of the routing key
+            x health_penalty           (1 when healthy, up to 64 when not)
+
+Lower is better. Equal scores are broken by a random jitter so that equal hosts share the
+load evenly; LWT plans use :func:`order_lwt` instead, which is deterministic so that every
+client picks the same Paxos coordinator.
+
+Everything here works on :class:`HostView` objects, which carry an opaque ``host`` (a driver
+``Host`` in production, anything hashable in the simulator) and a live statistics object with
+two attributes read lock-free: ``in_flight`` and ``health_penalty``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from random import random
+from typing import Any, Protocol
+
+from attrs import define, field
+
+__all__ = [
+    "TIE_JITTER",
+    "HostLoad",
+    "HostView",
+    "choose_fill",
+    "order_lwt",
+    "rank",
+    "score_of",
+]
+
+TIE_JITTER = 1e-9
+"""Relative random jitter added to scores: breaks exact ties uniformly at random and is far
+too small to reorder hosts whose scores really differ."""
+
+
+class HostLoad(Protocol):
+    """What scoring reads of a host's live statistics (see :class:`adaptive_lb.stats.HostStats`)."""
+
+    in_flight: int
+    health_penalty: float
+
+
+@define(frozen=True, slots=True, eq=False)
+class HostView:
+    """One host as the planner sees it in a topology snapshot.
+
+    Compared by identity (``eq=False``): a view belongs to exactly one snapshot entry, and
+    identity comparison keeps membership tests on the hot path cheap.
+    """
+
+    host: Any
+    """The driver's ``Host`` (or a simulator's host key)."""
+    stats: HostLoad
+    """Live counters of this host: ``in_flight`` and ``health_penalty``."""
+    datacenter: str | None = None
+    rack: str | None = None
+    is_local: bool = False
+    """The child policy's distance is LOCAL or LOCAL_RACK."""
+    live: bool = True
+    """The child policy has been told the host is up (on_up/on_add/populate, no on_down since)."""
+    rack_penalty: float = 1.0
+    """``non_local_rack_penalty`` when a local rack is known and this host is outside it."""
+    candidate: bool = field(init=False)
+    """Live and local: may be scored and yielded ahead of the child's plan."""
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "candidate", self.live and self.is_local)
+
+
+def score_of(view: HostView, is_replica: bool, non_replica_penalty: float) -> float:
+    """The WLLLB score of ``view`` (without tie-break jitter)."""
+    stats = view.stats
+    score = (stats.in_flight + 1) * view.rack_penalty * stats.health_penalty
+    return score if is_replica else score * non_replica_penalty
+
+
+def choose_fill(
+    local: Sequence[HostView],
+    count: int,
+    exclude: Sequence[HostView] = (),
+    start: int | None = None,
+) -> list[HostView]:
+    """Pick up to ``count`` candidate hosts from ``local``, skipping those in ``exclude``.
+
+    The choice is a window of ``local`` starting at a random offset (``local`` is shuffled
+    when the topology snapshot is built): random across plans, but one ``random()`` call
+    instead of ``random.sample`` (~4 us for 8 of 45 on this machine).
+    """
+    n = len(local)
+    picked: list[HostView] = []
+    if count <= 0 or n == 0:
+        return picked
+    offset = int(random() * n) if start is None else start % n
+    for i in range(offset, offset + n):
+        view = local[i - n] if i >= n else local[i]
+        if view.candidate and view not in exclude:
+            picked.append(view)
+            if len(picked) == count:
+                break
+    return picked
+
+
+def rank(
+    replicas: Sequence[HostView],
+    others: Sequence[HostView],
+    non_replica_penalty: float,
+) -> list[HostView]:
+    """Order ``replicas`` and ``others`` (non-replica candidates) by ascending score,
+    exact ties broken uniformly at random."""
+    keyed = []
+    append = keyed.append
+    for view in replicas:
+        stats = view.stats
+        append(
+            (
+                (stats.in_flight + 1)
+                * view.rack_penalty
+                * stats.health_penalty
+                * (1.0 + TIE_JITTER * random()),
+                view,
+            )
+        )
+    for view in others:
+        stats = view.stats
+        append(
+            (
+                (stats.in_flight + 1)
+                * view.rack_penalty
+                * stats.health_penalty
+                * non_replica_penalty
+                * (1.0 + TIE_JITTER * random()),
+                view,
+            )
+        )
+    keyed.sort(key=_first)
+    return [view for _, view in keyed]
+
+
+def order_lwt(replicas: Sequence[HostView]) -> list[HostView]:
+    """Deterministic order for lightweight transactions: the token ring's replica order,
+    with hosts whose health penalty is above 1 moved last (stable, by penalty).
+
+    In-flight counts differ between clients, so they are deliberately ignored here: every
+    client must agree on the first replica to avoid Paxos contention.
+    """
+    if all(view.stats.health_penalty <= 1.0 for view in replicas):
+        return list(replicas)
+    return sorted(replicas, key=_health_penalty)
+
+
+def _first(item: tuple[float, HostView]) -> float:
+    return item[0]
+
+
+def _health_penalty(view: HostView) -> float:
+    return view.stats.health_penalty
