@@ -130,3 +130,27 @@ def analyse_child(child: LoadBalancingPolicy) -> ChildChain:
         target_host_aware=target_host_aware,
         membership_known=membership_known,
     )
+
+
+def keyspace_replica_map(token_map: Any, keyspace: str) -> dict[Any, Any] | None:
+    """The driver's ``{Token: replicas}`` map of ``keyspace`` (``TokenMap.tokens_to_hosts_by_ks``),
+    built on first use exactly as ``TokenMap.get_replicas`` would. The object is replaced by
+    the driver when the keyspace's replication changes, so its identity tells whether a
+    resolution made from it is still current."""
+    by_keyspace = token_map.tokens_to_hosts_by_ks
+    replica_map = by_keyspace.get(keyspace)
+    if replica_map is None:
+        token_map.rebuild_keyspace(keyspace, build_if_absent=True)
+        replica_map = by_keyspace.get(keyspace)
+    return replica_map
+
+
+def token_value_function(token_map: Any) -> Callable[[bytes], Any]:
+    """A function routing key -> comparable token value (int for Murmur3 / MD5), without
+    building a ``Token`` object when the token class has a hash function."""
+    token_class = token_map.token_class
+    hash_fn = getattr(token_class, "hash_fn", None)
+    if hash_fn is not None:
+        return hash_fn
+    from_key = token_class.from_key
+    return lambda key: from_key(key).value

@@ -42,7 +42,14 @@ from adaptive_lb._driver import LOCAL_DISTANCES, ChildChain, analyse_child
 from adaptive_lb.clock import SYSTEM_CLOCK, Clock
 from adaptive_lb.config import Config
 from adaptive_lb.replicas import ReplicaResolver
-from adaptive_lb.scoring import TIE_JITTER, HostView, choose_fill, order_lwt, rank
+from adaptive_lb.scoring import (
+    TIE_JITTER,
+    HostView,
+    choose_fill,
+    order_lwt,
+    rank,
+    rank_with_fill,
+)
 from adaptive_lb.stats import StatsRegistry
 from adaptive_lb.topology import Topology
 
@@ -80,17 +87,11 @@ class _PlanSettings:
         )
 
 
+# A statement is treated as a lightweight transaction when scylla-driver's ``is_lwt()`` says
+# so (conditional prepared statements) or when it reads at SERIAL / LOCAL_SERIAL
+# (cassandra-driver reports no LWT flag).
 _SERIAL = frozenset((ConsistencyLevel.SERIAL, ConsistencyLevel.LOCAL_SERIAL))
-
-
-def _is_lwt(query: Any) -> bool:
-    """A lightweight transaction: scylla-driver's ``is_lwt()`` where the statement has it
-    (conditional prepared statements), or a SERIAL / LOCAL_SERIAL read (cassandra-driver
-    reports no LWT flag)."""
-    is_lwt = getattr(query, "is_lwt", None)
-    if is_lwt is not None and is_lwt():
-        return True
-    return query.consistency_level in _SERIAL
+_INFINITY = float("inf")
 
 
 class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
@@ -335,7 +336,11 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                         if replicas and (chain.predicates or allowed is not None):
                             replicas = self._eligible(replicas, allowed)
 
-                if replicas and settings.lwt_deterministic and _is_lwt(query):
+                lwt = False
+                if replicas and settings.lwt_deterministic:
+                    is_lwt = getattr(query, "is_lwt", None)
+                    lwt = (is_lwt is not None and is_lwt()) or query.consistency_level in _SERIAL
+                if lwt:
                     yielded = set()
                     for view in order_lwt(replicas):
                         yielded.add(id(view.host))
@@ -344,7 +349,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                     # First host without building the full candidate list when no
                     # non-replica could beat the best replica (the common case).
                     best = replicas[0]
-                    best_score = float("inf")
+                    best_score = _INFINITY
                     for view in replicas:
                         stats = view.stats
                         score = (
@@ -361,12 +366,16 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                         yielded = {id(best.host)}
                         yield best.host
                         others = [view for view in replicas if view is not best]
-                        fill = self._fill(local, fill_count, replicas, allowed)
-                        ordered = rank(others, fill, settings.non_replica_penalty)
                     else:
                         yielded = set()
+                        others = replicas
+                    if allowed is None and not chain.predicates:
+                        ordered = rank_with_fill(
+                            others, local, fill_count, replicas, settings.non_replica_penalty
+                        )
+                    else:
                         fill = self._fill(local, fill_count, replicas, allowed)
-                        ordered = rank(replicas, fill, settings.non_replica_penalty)
+                        ordered = rank(others, fill, settings.non_replica_penalty)
                     for view in ordered:
                         yielded.add(id(view.host))
                         yield view.host

@@ -1,9 +1,12 @@
 """Replica resolution with an LRU cache.
 
-The driver's ``Metadata.get_replicas`` hashes the routing key (Murmur3), bisects the ring
-and looks the range up: ~10 us per call on this machine. Keys repeat, so
-:class:`ReplicaResolver` caches ``(keyspace, routing key) -> replicas`` in a bounded LRU
-(:class:`ReplicaCache`), cleared whenever the driver publishes a new token map object.
+The driver's ``Metadata.get_replicas`` hashes the routing key (Murmur3), bisects a list of
+``Token`` objects with Python-level comparisons and looks the range up: ~10 us per call on
+this machine. :class:`ReplicaResolver` reads the same token map, but keeps each keyspace's
+ring as plain token values (a C-level bisect on a miss), and caches
+``(keyspace, routing key) -> replicas`` in a bounded LRU (:class:`ReplicaCache`) cleared
+whenever the driver publishes a new token map object; an entry made from a keyspace replica
+map the driver has since replaced (ALTER KEYSPACE) is treated as a miss.
 
 Tablets (scylla-driver): when the table of the statement has a tablet map, the tablet's
 replicas are used instead and never cached, since tablets move between hosts.
@@ -12,10 +15,12 @@ replicas are used instead and never cached, since tablets move between hosts.
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
 
+from adaptive_lb._driver import keyspace_replica_map, tablets_of, token_value_function
 from adaptive_lb.scoring import HostView
 from adaptive_lb.topology import Topology
 
@@ -95,12 +100,59 @@ class ReplicaCache:
 class _Entry:
     """A cached resolution: the raw replicas and their candidate views for one snapshot."""
 
-    __slots__ = ("generation", "replicas", "views")
+    __slots__ = ("replica_map", "replicas", "resolved")
 
-    def __init__(self, generation: int, replicas: tuple[Any, ...], views: tuple[HostView, ...]):
-        self.generation = generation
+    def __init__(
+        self,
+        generation: int,
+        replica_map: Any,
+        replicas: tuple[Any, ...],
+        views: tuple[HostView, ...],
+    ) -> None:
+        self.replica_map = replica_map
         self.replicas = replicas
-        self.views = views
+        # (generation, views) as one reference: never one generation's views with another's.
+        self.resolved = (generation, views)
+
+
+class _KeyspaceRing:
+    """One keyspace's ring as parallel lists (token values, replica tuples), so that a cache
+    miss costs one C-level ``bisect`` on ints instead of the driver's bisect over ``Token``
+    objects with Python-level comparisons. The candidate views of each ring position are
+    memoised per topology generation: with NTS every range lists the replicas of every DC,
+    and filtering them down to the live local ones is the expensive part of a miss."""
+
+    __slots__ = ("memo", "replica_map", "replicas", "values")
+
+    def __init__(self, ring: list[Any], replica_map: dict[Any, Any]) -> None:
+        self.replica_map = replica_map
+        self.values = [token.value for token in ring]
+        empty: tuple[Any, ...] = ()
+        self.replicas = [tuple(replica_map.get(token, empty)) for token in ring]
+        # (generation, views per position), swapped as one reference so that a reader never
+        # pairs one generation with another generation's list.
+        self.memo: tuple[int, list[tuple[HostView, ...] | None]] = (-1, [])
+
+    def position(self, value: Any) -> int:
+        """Index of the ring range containing token ``value`` (-1 for an empty ring)."""
+        values = self.values
+        if not values:
+            return -1
+        point = bisect_left(values, value)
+        # Each ring entry ends its range (inclusive); past the last token wraps around.
+        return point if point < len(values) else 0
+
+    def candidate_views(self, point: int, topology: Topology) -> tuple[HostView, ...]:
+        """The live local replicas of ring range ``point`` in ``topology``."""
+        generation, views = self.memo
+        if generation != topology.generation:
+            views = [None] * len(self.values)
+            self.memo = (topology.generation, views)
+        found = views[point]
+        if found is None:
+            found = _candidate_views(self.replicas[point], topology)
+            views[point] = found
+        return found
 
 
 def _candidate_views(replicas: tuple[Any, ...], topology: Topology) -> tuple[HostView, ...]:
@@ -116,19 +168,27 @@ def _candidate_views(replicas: tuple[Any, ...], topology: Topology) -> tuple[Hos
 class ReplicaResolver:
     """Finds the candidate replicas (live, local) of a routing key.
 
-    ``metadata`` is the driver's ``cassandra.metadata.Metadata``; only its public
-    ``token_map`` / ``get_replicas`` and, where scylla-driver has them, its tablets are used.
+    ``metadata`` is the driver's ``cassandra.metadata.Metadata``. Replicas are read from its
+    current ``token_map`` (the same data ``Metadata.get_replicas`` uses) and, where
+    scylla-driver has them, from its tablets.
     """
 
-    __slots__ = ("_cache", "_metadata", "_tablets", "_token_map", "tablet_lookups")
+    __slots__ = (
+        "_cache",
+        "_metadata",
+        "_rings",
+        "_tablets",
+        "_token_map",
+        "_token_value",
+        "tablet_lookups",
+    )
 
     def __init__(self, metadata: Any, cache_size: int) -> None:
         self._metadata = metadata
         self._cache = ReplicaCache(cache_size)
-        self._token_map = getattr(metadata, "token_map", None)
-        # scylla-driver only: the tablet map (see adaptive_lb._driver for why it is read).
-        from adaptive_lb._driver import tablets_of
-
+        self._token_map: Any = None
+        self._token_value: Any = None
+        self._rings: dict[str, _KeyspaceRing] = {}
         self._tablets = tablets_of(metadata)
         self.tablet_lookups = 0
 
@@ -142,31 +202,58 @@ class ReplicaResolver:
     ) -> tuple[tuple[HostView, ...], bool | None]:
         """Candidate replica views of ``routing_key`` in ``keyspace``, in ring order, and
         whether the cache was hit (None for tablet lookups, which are never cached)."""
-        metadata = self._metadata
-        token_map = metadata.token_map
+        token_map = self._metadata.token_map
         if token_map is None:
             return (), None
         if token_map is not self._token_map:
-            # A new token map object: ring or replication changed, every entry is stale.
-            self._token_map = token_map
-            self._cache.clear()
+            self._switch_token_map(token_map)
         tablets = self._tablets
         if tablets is not None and table is not None and tablets.table_has_tablets(keyspace, table):
             return self._tablet_replicas(keyspace, routing_key, table, topology), None
         key = (keyspace, routing_key)
         entry = self._cache.get(key)
-        if entry is None:
-            replicas = tuple(metadata.get_replicas(keyspace, routing_key))
-            entry = _Entry(topology.generation, replicas, _candidate_views(replicas, topology))
-            self._cache.put(key, entry)
-            return entry.views, False
-        if entry.generation != topology.generation:
-            # Hosts went up or down since: map the same replicas onto the new snapshot.
-            views = _candidate_views(entry.replicas, topology)
-            entry.views = views
-            entry.generation = topology.generation
+        if entry is not None and entry.replica_map is token_map.tokens_to_hosts_by_ks.get(
+            keyspace
+        ):
+            generation, views = entry.resolved
+            if generation != topology.generation:
+                # Hosts went up or down since: map the same replicas onto the new snapshot.
+                views = _candidate_views(entry.replicas, topology)
+                entry.resolved = (topology.generation, views)
             return views, True
-        return entry.views, True
+        ring = self._ring(token_map, keyspace)
+        if ring is None:
+            return (), False
+        point = ring.position(self._token_value(routing_key))
+        if point < 0:
+            return (), False
+        entry = _Entry(
+            topology.generation,
+            ring.replica_map,
+            ring.replicas[point],
+            ring.candidate_views(point, topology),
+        )
+        self._cache.put(key, entry)
+        return entry.resolved[1], False
+
+    def _switch_token_map(self, token_map: Any) -> None:
+        # A new token map object: ring or replication changed, every entry is stale.
+        self._rings = {}
+        self._token_value = token_value_function(token_map)
+        self._token_map = token_map
+        self._cache.clear()
+
+    def _ring(self, token_map: Any, keyspace: str) -> _KeyspaceRing | None:
+        replica_map = keyspace_replica_map(token_map, keyspace)
+        if not replica_map:
+            return None
+        ring = self._rings.get(keyspace)
+        if ring is None or ring.replica_map is not replica_map:
+            ring = _KeyspaceRing(token_map.ring, replica_map)
+            rings = dict(self._rings)
+            rings[keyspace] = ring
+            self._rings = rings
+        return ring
 
     def _tablet_replicas(
         self, keyspace: str, routing_key: bytes, table: str, topology: Topology

@@ -31,6 +31,7 @@ __all__ = [
     "choose_fill",
     "order_lwt",
     "rank",
+    "rank_with_fill",
     "score_of",
 ]
 
@@ -138,6 +139,52 @@ def rank(
                 view,
             )
         )
+    keyed.sort(key=_first)
+    return [view for _, view in keyed]
+
+
+def rank_with_fill(
+    replicas: Sequence[HostView],
+    local: Sequence[HostView],
+    fill_count: int,
+    exclude: Sequence[HostView],
+    non_replica_penalty: float,
+) -> list[HostView]:
+    """:func:`rank` of ``replicas`` plus ``fill_count`` hosts chosen by :func:`choose_fill`
+    from ``local`` (skipping ``exclude``), in one pass: the hot path's version."""
+    keyed = []
+    append = keyed.append
+    for view in replicas:
+        stats = view.stats
+        append(
+            (
+                (stats.in_flight + 1)
+                * view.rack_penalty
+                * stats.health_penalty
+                * (1.0 + TIE_JITTER * random()),
+                view,
+            )
+        )
+    n = len(local)
+    if fill_count > 0 and n:
+        offset = int(random() * n)
+        for i in range(offset, offset + n):
+            view = local[i - n] if i >= n else local[i]
+            if view.candidate and view not in exclude:
+                stats = view.stats
+                append(
+                    (
+                        (stats.in_flight + 1)
+                        * view.rack_penalty
+                        * stats.health_penalty
+                        * non_replica_penalty
+                        * (1.0 + TIE_JITTER * random()),
+                        view,
+                    )
+                )
+                fill_count -= 1
+                if not fill_count:
+                    break
     keyed.sort(key=_first)
     return [view for _, view in keyed]
 
