@@ -1,0 +1,80 @@
+"""Fails loudly if a driver release changes an internal that adaptive_lb._driver relies on.
+
+Every private or semi-private attribute adaptive-lb reads is listed in adaptive_lb/_driver.py;
+this file checks each one on the installed driver (CI runs it against both drivers).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from cassandra.metadata import Metadata, TokenMap
+from cassandra.policies import (
+    DCAwareRoundRobinPolicy,
+    DefaultLoadBalancingPolicy,
+    HostFilterPolicy,
+    TokenAwarePolicy,
+)
+
+from adaptive_lb._driver import (
+    analyse_child,
+    child_of,
+    keyspace_replica_map,
+    tablets_of,
+    token_value_function,
+)
+from adaptive_lb.sim.cluster import build_cluster
+
+
+def installed_driver() -> str:
+    for dist in ("scylla-driver", "cassandra-driver"):
+        try:
+            importlib.metadata.version(dist)
+            return dist
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    raise AssertionError("neither cassandra-driver nor scylla-driver is installed")
+
+
+def test_wrappers_keep_their_child_in_child_policy():
+    inner = DCAwareRoundRobinPolicy("dc1")
+    for wrapper in (
+        TokenAwarePolicy(inner),
+        HostFilterPolicy(inner, lambda h: True),
+        DefaultLoadBalancingPolicy(inner),
+    ):
+        assert child_of(wrapper) is inner, type(wrapper).__name__
+
+
+def test_analyse_child_looks_through_stock_wrappers():
+    inner = DCAwareRoundRobinPolicy("dc1")
+    chain = analyse_child(DefaultLoadBalancingPolicy(HostFilterPolicy(TokenAwarePolicy(inner), bool)))
+    assert chain.base is inner
+    assert chain.token_aware is not None
+    assert chain.predicates == (bool,)
+    assert chain.target_host_aware
+    assert chain.membership_known
+
+
+def test_token_map_layout():
+    model = build_cluster({"dc1": [2, 2]}, seed=1, real_cluster=False)
+    token_map = model.metadata.token_map
+    assert isinstance(token_map, TokenMap)
+    assert isinstance(token_map.tokens_to_hosts_by_ks, dict)
+    assert isinstance(token_map.ring, list)
+    replica_map = keyspace_replica_map(token_map, "ks")
+    assert set(replica_map) == set(token_map.ring)
+    value_of = token_value_function(token_map)
+    key = b"\x00\x00\x00\x2a"
+    assert value_of(key) == token_map.token_class.from_key(key).value
+    assert isinstance(token_map.ring[0].value, int)
+
+
+def test_tablets_attribute_matches_the_driver():
+    tablets = tablets_of(Metadata())
+    if installed_driver() == "scylla-driver":
+        assert tablets is not None, "scylla-driver renamed Metadata._tablets"
+        assert callable(tablets.table_has_tablets)
+        assert callable(tablets.get_tablet_for_key)
+    else:
+        assert tablets is None
