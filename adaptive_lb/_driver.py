@@ -154,3 +154,59 @@ def token_value_function(token_map: Any) -> Callable[[bytes], Any]:
         return hash_fn
     from_key = token_class.from_key
     return lambda key: from_key(key).value
+
+
+def future_policy(future: Any) -> Any:
+    """The load-balancing policy that made ``future``'s query plan (its execution
+    profile's policy; private ``ResponseFuture._load_balancer`` on both drivers)."""
+    return getattr(future, "_load_balancer", None)
+
+
+def hook_future(
+    future: Any,
+    on_send: Callable[[Any], Any],
+    on_not_sent: Callable[[Any, Any], None],
+    on_response: Callable[[Any, Any], None],
+) -> None:
+    """Observe every attempt ``future`` makes, on whichever thread makes it.
+
+    The driver sends each attempt (first try, retry, speculative execution) through
+    ``ResponseFuture._query(host, message, cb)`` and delivers its response to
+    ``ResponseFuture._set_result(host, connection, pool, response)`` -- bound when the
+    attempt is sent, so an instance attribute set here is the one called -- or to the
+    custom ``cb`` it was sent with (re-prepare). Neither is public, so both are wrapped on
+    this one future instance only (no driver class is modified):
+
+    * ``on_send(host) -> token`` runs just before the attempt is written (so a response
+      racing in on the I/O thread always finds it counted);
+    * ``on_not_sent(host, token)`` runs if the driver could not send it (no connection);
+    * ``on_response(host, response)`` runs when its response (a message or an exception
+      such as ``ConnectionShutdown``) arrives, before the driver acts on it.
+    """
+    query = future._query
+    set_result = future._set_result
+
+    def tracked_query(host: Any, message: Any = None, cb: Any = None) -> Any:
+        token = on_send(host)
+        if cb is not None:
+            callback = cb
+
+            def cb(response: Any) -> Any:  # noqa: F811 -- the wrapped custom callback
+                on_response(host, response)
+                return callback(response)
+
+        try:
+            request_id = query(host, message, cb)
+        except BaseException:
+            on_not_sent(host, token)
+            raise
+        if request_id is None:
+            on_not_sent(host, token)
+        return request_id
+
+    def tracked_set_result(host: Any, connection: Any, pool: Any, response: Any) -> Any:
+        on_response(host, response)
+        return set_result(host, connection, pool, response)
+
+    future._query = tracked_query
+    future._set_result = tracked_set_result

@@ -331,7 +331,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                     routing_key = query.routing_key
                     if routing_key is not None:
                         replicas, _ = self._resolver.replicas(
-                            keyspace, routing_key, getattr(query, "table", None), topology
+                            keyspace, routing_key, query, topology
                         )
                         if replicas and (chain.predicates or allowed is not None):
                             replicas = self._eligible(replicas, allowed)

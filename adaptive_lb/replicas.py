@@ -198,20 +198,31 @@ class ReplicaResolver:
         return self._cache
 
     def replicas(
-        self, keyspace: str, routing_key: bytes, table: str | None, topology: Topology
+        self, keyspace: str, routing_key: bytes, query: Any, topology: Topology
     ) -> tuple[tuple[HostView, ...], bool | None]:
         """Candidate replica views of ``routing_key`` in ``keyspace``, in ring order, and
-        whether the cache was hit (None for tablet lookups, which are never cached)."""
+        whether the cache was hit (None for tablet lookups, which are never cached).
+        ``query`` is consulted only for its table, where tablets exist."""
         token_map = self._metadata.token_map
         if token_map is None:
             return (), None
         if token_map is not self._token_map:
             self._switch_token_map(token_map)
         tablets = self._tablets
-        if tablets is not None and table is not None and tablets.table_has_tablets(keyspace, table):
-            return self._tablet_replicas(keyspace, routing_key, table, topology), None
+        if tablets is not None:
+            table = getattr(query, "table", None)
+            if table is not None and tablets.table_has_tablets(keyspace, table):
+                return self._tablet_replicas(keyspace, routing_key, table, topology), None
         key = (keyspace, routing_key)
-        entry = self._cache.get(key)
+        # ReplicaCache.get, inlined: this is the hot path's one lock.
+        cache = self._cache
+        with cache._lock:
+            entry = cache._entries.get(key)
+            if entry is None:
+                cache.misses += 1
+            else:
+                cache._entries.move_to_end(key)
+                cache.hits += 1
         if entry is not None and entry.replica_map is token_map.tokens_to_hosts_by_ks.get(
             keyspace
         ):
@@ -227,14 +238,11 @@ class ReplicaResolver:
         point = ring.position(self._token_value(routing_key))
         if point < 0:
             return (), False
-        entry = _Entry(
-            topology.generation,
-            ring.replica_map,
-            ring.replicas[point],
-            ring.candidate_views(point, topology),
+        views = ring.candidate_views(point, topology)
+        self._cache.put(
+            key, _Entry(topology.generation, ring.replica_map, ring.replicas[point], views)
         )
-        self._cache.put(key, entry)
-        return entry.resolved[1], False
+        return views, False
 
     def _switch_token_map(self, token_map: Any) -> None:
         # A new token map object: ring or replication changed, every entry is stale.

@@ -1,0 +1,256 @@
+"""Query-plan throughput: stock driver policies against AdaptiveLoadBalancingPolicy wrapping
+each, measured in the same run on the same topology, plus topology-event costs at scale.
+
+    adaptive-lb bench                       # or: python benchmarks/plan_throughput.py
+                                            # writes benchmarks/results/<driver>.{json,md}
+
+Topologies are made of the driver's real objects (``adaptive_lb.sim.cluster``): 45 nodes
+(5 DCs x 3 racks x 3 nodes) and 1,000 nodes (5 DCs x 3 racks x 66-67 nodes), NTS RF 3 per
+DC, 16 vnodes, 100,000 distinct routing keys, local DC ``dc1``. Each figure is the median of
+5 runs; the cyclic GC is disabled while a run is timed (it adds noise, not signal, here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from cassandra.policies import (
+    DCAwareRoundRobinPolicy,
+    DefaultLoadBalancingPolicy,
+    HostFilterPolicy,
+    TokenAwarePolicy,
+)
+from cassandra.query import SimpleStatement
+
+from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
+from adaptive_lb.config import PolicyConfig
+from adaptive_lb.sim.cluster import build_cluster, murmur3_routing_keys
+
+try:
+    from cassandra.policies import RackAwareRoundRobinPolicy
+except ImportError:
+    RackAwareRoundRobinPolicy = None
+
+RESULTS = Path("benchmarks") / "results"
+
+
+def driver_name() -> str:
+    """Which distribution provides the ``cassandra`` module."""
+    for dist in ("scylla-driver", "cassandra-driver"):
+        try:
+            return f"{dist} {version(dist)}"
+        except Exception:
+            continue
+    return "unknown"
+
+
+def children() -> dict[str, Callable[[], Any]]:
+    """The stock policies compared (each built fresh per measurement)."""
+    made: dict[str, Callable[[], Any]] = {
+        "DCAware": lambda: DCAwareRoundRobinPolicy("dc1"),
+        "TokenAware(DCAware)": lambda: TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")),
+        "Default(DCAware)": lambda: DefaultLoadBalancingPolicy(DCAwareRoundRobinPolicy("dc1")),
+        "HostFilter(DCAware)": lambda: HostFilterPolicy(
+            DCAwareRoundRobinPolicy("dc1"), lambda host: True
+        ),
+    }
+    if RackAwareRoundRobinPolicy is not None:
+        made["RackAware"] = lambda: RackAwareRoundRobinPolicy("dc1", "r1")
+        made["TokenAware(RackAware)"] = lambda: TokenAwarePolicy(
+            RackAwareRoundRobinPolicy("dc1", "r1")
+        )
+    return made
+
+
+def timed_rate(run: Callable[[int], None], count: int, repeats: int) -> float:
+    """Median Kops/s of ``run(count)`` over ``repeats`` runs."""
+    rates = []
+    for _ in range(repeats):
+        gc.collect()
+        gc.disable()
+        try:
+            start = time.perf_counter()
+            run(count)
+            elapsed = time.perf_counter() - start
+        finally:
+            gc.enable()
+        rates.append(count / elapsed / 1000.0)
+    return statistics.median(rates)
+
+
+def measure(policy: Any, statements: list[SimpleStatement], count: int, repeats: int) -> dict:
+    """Full-plan and first-host throughput of ``policy``."""
+    n = len(statements)
+    make = policy.make_query_plan
+
+    def full(total: int) -> None:
+        for i in range(total):
+            for _host in make("ks", statements[i % n]):
+                pass
+
+    def first(total: int) -> None:
+        for i in range(total):
+            next(iter(make("ks", statements[i % n])))
+
+    full(min(count, 2000))  # warm caches and code paths
+    first(min(count, 2000))
+    return {
+        "full_kops": round(timed_rate(full, count, repeats), 1),
+        "first_kops": round(timed_rate(first, count, repeats), 1),
+    }
+
+
+def compare(model: Any, statements: list, count: int, repeats: int, names: list[str]) -> list:
+    """Stock vs adaptive for each child named."""
+    rows = []
+    hosts = model.metadata.all_hosts()
+    configs = {
+        "adaptive": Config(),
+        "adaptive, cache 131072": Config(policy=PolicyConfig(replica_cache_size=131072)),
+    }
+    factories = children()
+    for name in names:
+        if name not in factories:
+            continue
+        stock = factories[name]()
+        stock.populate(model.cluster, hosts)
+        row = {"child": name, "stock": measure(stock, statements, count, repeats)}
+        for label, config in configs.items():
+            adaptive = AdaptiveLoadBalancingPolicy(factories[name](), config)
+            adaptive.populate(model.cluster, hosts)
+            row[label] = measure(adaptive, statements, count, repeats)
+            row[label]["full_ratio"] = round(row[label]["full_kops"] / row["stock"]["full_kops"], 2)
+            row[label]["first_ratio"] = round(
+                row[label]["first_kops"] / row["stock"]["first_kops"], 2
+            )
+            assert adaptive.internal_errors == 0
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr)
+    return rows
+
+
+def topology_events(model: Any, repeats: int) -> dict:
+    """populate, on_add and on_remove of AdaptiveLoadBalancingPolicy(TokenAware(DCAware))
+    at the model's size, in milliseconds (median)."""
+    import random
+
+    hosts = model.metadata.all_hosts()
+    populate_ms = []
+    for _ in range(repeats):
+        policy = AdaptiveLoadBalancingPolicy(TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
+        start = time.perf_counter()
+        policy.populate(model.cluster, hosts)
+        populate_ms.append((time.perf_counter() - start) * 1000)
+    child_ms = []
+    for _ in range(repeats):
+        child = TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1"))
+        start = time.perf_counter()
+        child.populate(model.cluster, hosts)
+        child_ms.append((time.perf_counter() - start) * 1000)
+    rng = random.Random(5)
+    add_ms, remove_ms = [], []
+    for i in range(repeats * 4):
+        host = model.new_host("dc1", "r1", f"127.9.{i // 250}.{i % 250 + 1}", 16, rng)
+        start = time.perf_counter()
+        policy.on_add(host)
+        add_ms.append((time.perf_counter() - start) * 1000)
+        start = time.perf_counter()
+        policy.on_remove(host)
+        remove_ms.append((time.perf_counter() - start) * 1000)
+        model.remove_host(host)
+    return {
+        "hosts": len(hosts),
+        "populate_ms": round(statistics.median(populate_ms), 2),
+        "stock_child_populate_ms": round(statistics.median(child_ms), 2),
+        "on_add_ms": round(statistics.median(add_ms), 3),
+        "on_remove_ms": round(statistics.median(remove_ms), 3),
+    }
+
+
+def markdown(result: dict) -> str:
+    """The README table."""
+    lines = [
+        f"Driver: {result['driver']}, Python {result['python']}, {result['machine']}",
+        "",
+        "| nodes | child | stock full | adaptive full (x) | adaptive+big cache full (x) "
+        "| stock first | adaptive first (x) | adaptive+big cache first (x) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for size, rows in result["throughput"].items():
+        for row in rows:
+            a, b, s = row["adaptive"], row["adaptive, cache 131072"], row["stock"]
+            lines.append(
+                f"| {size} | {row['child']} | {s['full_kops']} | {a['full_kops']} "
+                f"({a['full_ratio']}x) | {b['full_kops']} ({b['full_ratio']}x) "
+                f"| {s['first_kops']} | {a['first_kops']} ({a['first_ratio']}x) "
+                f"| {b['first_kops']} ({b['first_ratio']}x) |"
+            )
+    lines.append("")
+    lines.append("Throughput in Kops/s (median of 5), ratio = adaptive / stock in the same run.")
+    lines.append("")
+    lines.append("| nodes | populate (ms) | stock child populate (ms) | on_add (ms) | on_remove (ms) |")
+    lines.append("| --- | --- | --- | --- | --- |")
+    for ev in result["topology_events"]:
+        lines.append(
+            f"| {ev['hosts']} | {ev['populate_ms']} | {ev['stock_child_populate_ms']} "
+            f"| {ev['on_add_ms']} | {ev['on_remove_ms']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and write JSON + Markdown."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plans", type=int, default=20000, help="plans per timed run")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--skip-1000", action="store_true", help="45 nodes only")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+
+    keys = murmur3_routing_keys(args.keys, seed=1)
+    statements = [
+        SimpleStatement("SELECT v FROM ks.t WHERE k = ?", routing_key=k, keyspace="ks")
+        for k in keys
+    ]
+    result: dict[str, Any] = {
+        "driver": driver_name(),
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
+        "throughput": {},
+        "topology_events": [],
+    }
+    small = build_cluster({f"dc{i}": [3, 3, 3] for i in range(1, 6)}, vnodes=16, seed=1)
+    result["throughput"]["45"] = compare(
+        small, statements, args.plans, args.repeats, list(children())
+    )
+    result["topology_events"].append(topology_events(small, args.repeats))
+    small.shutdown()
+    if not args.skip_1000:
+        big = build_cluster({f"dc{i}": [67, 67, 66] for i in range(1, 6)}, vnodes=16, seed=2)
+        result["throughput"]["1000"] = compare(
+            big, statements, args.plans // 4, args.repeats, ["DCAware", "TokenAware(DCAware)"]
+        )
+        result["topology_events"].append(topology_events(big, args.repeats))
+        big.shutdown()
+    args.out.mkdir(parents=True, exist_ok=True)
+    tag = result["driver"].split()[0]
+    (args.out / f"{tag}.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = markdown(result)
+    (args.out / f"{tag}.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
