@@ -191,7 +191,7 @@ def hook_future(
         if cb is not None:
             callback = cb
 
-            def cb(response: Any) -> Any:  # noqa: F811 -- the wrapped custom callback
+            def cb(response: Any) -> Any:
                 on_response(host, response)
                 return callback(response)
 

@@ -198,7 +198,9 @@ def markdown(result: dict) -> str:
     lines.append("")
     lines.append("Throughput in Kops/s (median of 5), ratio = adaptive / stock in the same run.")
     lines.append("")
-    lines.append("| nodes | populate (ms) | stock child populate (ms) | on_add (ms) | on_remove (ms) |")
+    lines.append(
+        "| nodes | populate (ms) | stock child populate (ms) | on_add (ms) | on_remove (ms) |"
+    )
     lines.append("| --- | --- | --- | --- | --- |")
     for ev in result["topology_events"]:
         lines.append(

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from random import random
 from typing import Any
@@ -41,6 +42,7 @@ from cassandra.policies import LoadBalancingPolicy
 from adaptive_lb._driver import LOCAL_DISTANCES, ChildChain, analyse_child
 from adaptive_lb.clock import SYSTEM_CLOCK, Clock
 from adaptive_lb.config import Config
+from adaptive_lb.health import HealthModel
 from adaptive_lb.replicas import ReplicaResolver
 from adaptive_lb.scoring import (
     TIE_JITTER,
@@ -50,10 +52,42 @@ from adaptive_lb.scoring import (
     rank,
     rank_with_fill,
 )
+from adaptive_lb.snapshot import HostSnapshot, PolicySnapshot
 from adaptive_lb.stats import StatsRegistry
 from adaptive_lb.topology import Topology
 
 __all__ = ["AdaptiveLoadBalancingPolicy"]
+
+
+class _HealthRefresher(threading.Thread):
+    """Daemon thread calling ``policy.maybe_refresh_health()`` every refresh interval."""
+
+    def __init__(self, policy: AdaptiveLoadBalancingPolicy) -> None:
+        super().__init__(name="adaptive-lb-health", daemon=True)
+        # A weak reference: an unused policy must not be kept alive by its own thread.
+        self._policy = weakref.ref(policy)
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            policy = self._policy()
+            if policy is None:
+                return
+            interval = policy.config.health.refresh_interval
+            try:
+                policy.maybe_refresh_health()
+            except Exception:
+                log.exception("adaptive-lb: health refresh failed; keeping the last health")
+            del policy
+            if self._stop_event.wait(interval):
+                return
+
+    def stop(self) -> None:
+        """Ask the thread to end and wait for it."""
+        self._stop_event.set()
+        if self is not threading.current_thread():
+            self.join(timeout=5)
+
 
 log = logging.getLogger("adaptive_lb.policy")
 
@@ -120,10 +154,14 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         self._child = child
         self._chain = analyse_child(child)
         self._config = config if config is not None else Config()
+        self._config_hash = self._config.hash
         self._settings = _PlanSettings.of(self._config, self._chain)
         self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
         self.stats = StatsRegistry(self._config.tracking, self._clock)
         """Per-host live statistics (in-flight, latency window, health penalty)."""
+        self.health = HealthModel(self._config.health, self._clock)
+        """Turns the statistics into health states and penalties (see :meth:`refresh_health`)."""
+        self._refresher: _HealthRefresher | None = None
         self._topology = Topology()
         self._topology_lock = threading.RLock()
         self._generation = 0
@@ -148,6 +186,11 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
     def config(self) -> Config:
         """The config in force."""
         return self._config
+
+    @property
+    def config_hash(self) -> str:
+        """Short content hash of the config in force."""
+        return self._config_hash
 
     @property
     def clock(self) -> Clock:
@@ -188,9 +231,13 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         return self._child.check_supported()
 
     def on_up(self, host: Any) -> None:
-        """Tell the child, then mark the host live in the snapshot."""
+        """Tell the child, then mark the host live in the snapshot; a host coming back
+        starts WARMING (its penalty decays to 1 over ``health.slow_start``)."""
         self._child.on_up(host)
+        was_live = id(host) in self._live
         self._host_changed(host, live=True)
+        if not was_live:
+            self.health.mark_up(host, self.stats.get(host))
 
     def on_down(self, host: Any) -> None:
         """Tell the child, then mark the host not live in the snapshot."""
@@ -211,6 +258,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             self._generation += 1
             self._topology = self._topology.without_host(host, self._generation)
         self.stats.remove(host)
+        self.health.forget(host)
 
     # ------------------------------------------------------------------ topology
 
@@ -262,6 +310,94 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             self._generation += 1
             self._topology = self._topology.with_view(self._view(host, live), self._generation)
 
+    # ------------------------------------------------------------------ health
+
+    def refresh_health(self) -> list[Any]:
+        """Recompute every known host's health from its statistics window now, and return
+        the transitions. Percentiles are computed here, never per request."""
+        stats, groups = self._health_inputs()
+        return self.health.refresh(stats, groups)
+
+    def maybe_refresh_health(self) -> list[Any] | None:
+        """:meth:`refresh_health` if ``health.refresh_interval`` has passed since the last
+        refresh and no other thread is refreshing; None otherwise."""
+        stats, groups = self._health_inputs()
+        return self.health.maybe_refresh(stats, groups)
+
+    def _health_inputs(self) -> tuple[dict[Any, Any], dict[Any, Any]]:
+        # A host's peers are the other hosts of its datacenter.
+        views = self._topology.by_id.values()
+        return (
+            {view.host: view.stats for view in views},
+            {view.host: view.datacenter for view in views},
+        )
+
+    def start_health_refresh(self) -> None:
+        """Refresh health every ``health.refresh_interval`` on a daemon thread (real clock).
+        :func:`adaptive_lb.instrument` calls this; the simulator drives
+        :meth:`refresh_health` on its virtual clock instead. Idempotent."""
+        with self._topology_lock:
+            if self._refresher is None or not self._refresher.is_alive():
+                self._refresher = _HealthRefresher(self)
+                self._refresher.start()
+
+    def stop_health_refresh(self) -> None:
+        """Stop the refresh thread (if running) and wait for it."""
+        refresher = self._refresher
+        self._refresher = None
+        if refresher is not None:
+            refresher.stop()
+
+    # ------------------------------------------------------------------ snapshot
+
+    def snapshot(self) -> PolicySnapshot:
+        """Every known host's numbers as of now (in-flight) and of the last health refresh
+        (window counts, percentiles, health), plus cache and error counters."""
+        hosts = []
+        for view in self._topology.by_id.values():
+            host = view.host
+            stats = view.stats
+            window = self.health.window_stats(host)
+            health = self.health.health(host)
+            latency = window.latency if window is not None else {}
+            hosts.append(
+                HostSnapshot(
+                    address=str(host.address),
+                    port=getattr(host.endpoint, "port", None),
+                    datacenter=view.datacenter,
+                    rack=view.rack,
+                    is_local=view.is_local,
+                    live=view.live,
+                    in_flight=stats.in_flight,
+                    requests=window.requests if window is not None else 0,
+                    errors=window.errors if window is not None else 0,
+                    timeouts=window.timeouts if window is not None else 0,
+                    latency_p50=latency.get(50.0),
+                    latency_p95=latency.get(95.0),
+                    latency_p99=latency.get(99.0),
+                    health_state=stats.health_state.value,
+                    health_penalty=stats.health_penalty,
+                    health_since_ns=health.since_ns if health is not None else 0,
+                    health_reason=health.reason if health is not None else "",
+                    requests_total=stats.requests_total,
+                    errors_total=stats.errors_total,
+                    timeouts_total=stats.timeouts_total,
+                )
+            )
+        hosts.sort(key=lambda h: (h.datacenter or "", h.rack or "", h.address))
+        cache = self.replica_cache
+        return PolicySnapshot(
+            taken_ns=self._clock.now_ns(),
+            config_hash=self._config_hash,
+            hosts=tuple(hosts),
+            replica_cache_size=len(cache) if cache is not None else 0,
+            replica_cache_hits=cache.hits if cache is not None else 0,
+            replica_cache_misses=cache.misses if cache is not None else 0,
+            replica_cache_evictions=cache.evictions if cache is not None else 0,
+            replica_cache_invalidations=cache.invalidations if cache is not None else 0,
+            internal_errors=self.internal_errors,
+        )
+
     # ------------------------------------------------------------------ config
 
     def reload(self, new: Config | str | os.PathLike[str]) -> Config:
@@ -279,7 +415,10 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         with self._topology_lock:
             old = self._config
             self._config = config
+            self._config_hash = config.hash
             self._settings = _PlanSettings.of(config, self._chain)
+            if old.health != config.health:
+                self.health.reconfigure(config.health)
             if self._resolver is not None and (
                 old.policy.replica_cache_size != config.policy.replica_cache_size
             ):

@@ -223,9 +223,7 @@ class ReplicaResolver:
             else:
                 cache._entries.move_to_end(key)
                 cache.hits += 1
-        if entry is not None and entry.replica_map is token_map.tokens_to_hosts_by_ks.get(
-            keyspace
-        ):
+        if entry is not None and entry.replica_map is token_map.tokens_to_hosts_by_ks.get(keyspace):
             generation, views = entry.resolved
             if generation != topology.generation:
                 # Hosts went up or down since: map the same replicas onto the new snapshot.

@@ -21,6 +21,7 @@ did its job.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from typing import Any
@@ -111,7 +112,6 @@ class _Attempts:
         else:  # an exception: connection broken, shut down, defunct
             stats.on_error(latency_ns, fast=True)
         self._maybe_unregister()
-        self.policy.notice_completion()
 
     def on_final(self, _result: Any = None) -> None:
         # Whatever is still outstanding lost to another attempt.
@@ -176,10 +176,8 @@ class RequestTracker:
         """Stop tracking new requests and release every attempt still in flight (call it
         when the session shuts down; :func:`instrument` arranges that)."""
         self._closed = True
-        try:
+        with contextlib.suppress(ValueError):
             self._session.remove_request_init_listener(self._on_request)
-        except ValueError:
-            pass
         with self._live_lock:
             live = list(self._live.values())
             self._live.clear()
@@ -187,10 +185,25 @@ class RequestTracker:
             attempts._release_all(timed_out=False)
 
 
+def _session_policies(session: Any) -> list[AdaptiveLoadBalancingPolicy]:
+    """The adaptive policies of the session's cluster (execution profiles and legacy)."""
+    cluster = session.cluster
+    found = []
+    profiles = getattr(cluster.profile_manager, "profiles", {})
+    candidates = [profile.load_balancing_policy for profile in profiles.values()]
+    candidates.append(getattr(cluster, "load_balancing_policy", None))
+    for policy in candidates:
+        if isinstance(policy, AdaptiveLoadBalancingPolicy) and policy not in found:
+            found.append(policy)
+    return found
+
+
 def instrument(session: Any) -> RequestTracker:
     """Track every request of ``session`` made through an AdaptiveLoadBalancingPolicy
     (in any execution profile). Returns the tracker; ``session.shutdown()`` closes it."""
     tracker = RequestTracker(session)
+    for policy in _session_policies(session):
+        policy.start_health_refresh()
     shutdown = session.shutdown
 
     def shutdown_and_release(*args: Any, **kwargs: Any) -> Any:
@@ -198,6 +211,8 @@ def instrument(session: Any) -> RequestTracker:
             return shutdown(*args, **kwargs)
         finally:
             tracker.close()
+            for policy in _session_policies(session):
+                policy.stop_health_refresh()
 
     session.shutdown = shutdown_and_release
     return tracker

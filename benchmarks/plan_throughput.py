@@ -1,4 +1,7 @@
-"""Query-plan throughput benchmark (see adaptive_lb/bench.py): ``python benchmarks/plan_throughput.py``."""
+"""Query-plan throughput benchmark (see adaptive_lb/bench.py).
+
+python benchmarks/plan_throughput.py
+"""
 
 import sys
 

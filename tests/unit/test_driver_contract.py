@@ -48,7 +48,9 @@ def test_wrappers_keep_their_child_in_child_policy():
 
 def test_analyse_child_looks_through_stock_wrappers():
     inner = DCAwareRoundRobinPolicy("dc1")
-    chain = analyse_child(DefaultLoadBalancingPolicy(HostFilterPolicy(TokenAwarePolicy(inner), bool)))
+    chain = analyse_child(
+        DefaultLoadBalancingPolicy(HostFilterPolicy(TokenAwarePolicy(inner), bool))
+    )
     assert chain.base is inner
     assert chain.token_aware is not None
     assert chain.predicates == (bool,)

@@ -55,7 +55,9 @@ def populated(model, child, config=None):
 
 
 def statement(key: bytes, keyspace: str = "ks", **kwargs) -> SimpleStatement:
-    return SimpleStatement("SELECT v FROM ks.t WHERE k = %s", routing_key=key, keyspace=keyspace, **kwargs)
+    return SimpleStatement(
+        "SELECT v FROM ks.t WHERE k = %s", routing_key=key, keyspace=keyspace, **kwargs
+    )
 
 
 def local_replicas(model, key, dc="dc1"):

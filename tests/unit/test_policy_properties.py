@@ -60,7 +60,7 @@ def test_plan_is_a_permutation_of_the_childs_plan(scenario):
         host.set_down()
         policy.on_down(host)
         reference.on_down(host)
-    for host, (in_flight, penalty) in zip(model.hosts, loads):
+    for host, (in_flight, penalty) in zip(model.hosts, loads, strict=False):
         stats = policy.stats.get(host)
         stats.in_flight = in_flight
         stats.health_penalty = penalty

@@ -26,7 +26,7 @@ def test_resolution_matches_metadata_get_replicas():
     policy = populated(model, DCAwareRoundRobinPolicy("dc1"))
     resolver = policy._resolver
     topology = policy.topology
-    for key in murmur3_routing_keys(5000, seed=22) + [b"", b"\x00", b"\xff" * 8]:
+    for key in [*murmur3_routing_keys(5000, seed=22), b"", b"\x00", b"\xff" * 8]:
         views, _ = resolver.replicas("ks", key, None, topology)
         expected = [h for h in model.metadata.get_replicas("ks", key) if h.datacenter == "dc1"]
         assert [v.host for v in views] == expected
@@ -71,7 +71,8 @@ def test_bound_statement_is_routed_to_its_replicas():
             bound = statement.bind((k,))
             plan = list(policy.make_query_plan(None, bound))
             replicas = [
-                h for h in model.metadata.get_replicas("ks", bound.routing_key)
+                h
+                for h in model.metadata.get_replicas("ks", bound.routing_key)
                 if h.datacenter == "dc1"
             ]
             assert set(plan[:3]) == set(replicas)
