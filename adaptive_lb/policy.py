@@ -159,7 +159,9 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
         self.stats = StatsRegistry(self._config.tracking, self._clock)
         """Per-host live statistics (in-flight, latency window, health penalty)."""
-        self.health = HealthModel(self._config.health, self._clock)
+        self.health = HealthModel(
+            self._config.health, self._clock, window_s=self._config.tracking.window
+        )
         """Turns the statistics into health states and penalties (see :meth:`refresh_health`)."""
         self._refresher: _HealthRefresher | None = None
         self._topology = Topology()
@@ -417,8 +419,10 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             self._config = config
             self._config_hash = config.hash
             self._settings = _PlanSettings.of(config, self._chain)
-            if old.health != config.health:
-                self.health.reconfigure(config.health)
+            if old.health != config.health or old.tracking != config.tracking:
+                self.health.reconfigure(config.health, window_s=config.tracking.window)
+            if old.tracking != config.tracking:
+                self.stats.reconfigure(config.tracking)
             if self._resolver is not None and (
                 old.policy.replica_cache_size != config.policy.replica_cache_size
             ):

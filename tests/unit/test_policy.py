@@ -21,7 +21,9 @@ from cassandra.policies import (
 from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
+from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import PolicyConfig
+from adaptive_lb.health import HealthState
 from adaptive_lb.sim.cluster import build_cluster, murmur3_routing_keys
 
 try:
@@ -179,8 +181,12 @@ def test_cache_follows_ring_changes(cluster_3dc):
         assert set(plan[:3]) == set(local_replicas(cluster_3dc, key))
 
 
-def test_down_host_is_not_a_candidate_and_returns(cluster_3dc):
-    policy = populated(cluster_3dc, TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
+def test_down_host_is_not_a_candidate_and_returns_warming(cluster_3dc):
+    clock = ManualClock(10**9)
+    policy = AdaptiveLoadBalancingPolicy(
+        TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")), clock=clock
+    )
+    policy.populate(cluster_3dc.cluster, cluster_3dc.metadata.all_hosts())
     key = murmur3_routing_keys(1, seed=10)[0]
     replica = local_replicas(cluster_3dc, key)[0]
     replica.set_down()
@@ -189,9 +195,22 @@ def test_down_host_is_not_a_candidate_and_returns(cluster_3dc):
         assert replica not in list(policy.make_query_plan("ks", statement(key)))
     replica.set_up()
     policy.on_up(replica)
-    assert any(
-        next(iter(policy.make_query_plan("ks", statement(key)))) is replica for _ in range(200)
+    stats = policy.stats.get(replica)
+    assert stats.health_state is HealthState.WARMING
+    assert stats.health_penalty == policy.config.health.penalties.warming
+    firsts = [next(iter(policy.make_query_plan("ks", statement(key)))) for _ in range(300)]
+    assert replica not in firsts  # 64x: behind its idle peers and the non-replicas (12x)
+    assert replica in list(policy.make_query_plan("ks", statement(key)))
+    clock.advance_s(policy.config.health.slow_start / 2)
+    policy.refresh_health()
+    assert 1.0 < stats.health_penalty < 3.0
+    clock.advance_s(policy.config.health.slow_start)
+    policy.refresh_health()
+    assert stats.health_state is HealthState.HEALTHY and stats.health_penalty == 1.0
+    firsts = collections.Counter(
+        next(iter(policy.make_query_plan("ks", statement(key)))) for _ in range(3000)
     )
+    assert 800 < firsts[replica] < 1200
 
 
 def test_topology_changes_while_iterating_do_not_raise(cluster_3dc):
