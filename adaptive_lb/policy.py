@@ -92,6 +92,11 @@ class _HealthRefresher(threading.Thread):
 log = logging.getLogger("adaptive_lb.policy")
 
 _ERROR_LOG_INTERVAL_NS = 60 * 1_000_000_000
+_STARTUP_GRACE_NS = 5 * 1_000_000_000
+"""Hosts added within this long of ``populate`` do not start WARMING."""
+_BLIP_NS = 1_000_000_000
+"""A host down for less than this (the driver bounces the contact point while connecting)
+does not start WARMING when it comes back."""
 
 
 @define(frozen=True, slots=True)
@@ -171,6 +176,8 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         self._live: set[int] = set()
         self._local_dc_seen: Any = None
         self._metadata: Any = None
+        self._populated_ns: int | None = None
+        self._down_since: dict[int, int] = {}
         self._resolver: ReplicaResolver | None = None
         self._error_lock = threading.Lock()
         self.internal_errors = 0
@@ -215,6 +222,8 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         """Populate the child, then build the topology snapshot and the replica resolver."""
         self._child.populate(cluster, hosts)
         with self._topology_lock:
+            if self._populated_ns is None:
+                self._populated_ns = self._clock.now_ns()
             self._metadata = cluster.metadata
             self._resolver = ReplicaResolver(
                 cluster.metadata, self._config.policy.replica_cache_size
@@ -237,23 +246,43 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         starts WARMING (its penalty decays to 1 over ``health.slow_start``)."""
         self._child.on_up(host)
         was_live = id(host) in self._live
+        down_since = self._down_since.pop(id(host), None)
         self._host_changed(host, live=True)
-        if not was_live:
-            self.health.mark_up(host, self.stats.get(host))
+        if was_live:
+            return
+        if down_since is not None:
+            # A real outage (not the contact point's bounce while the driver connects).
+            if self._clock.now_ns() - down_since >= _BLIP_NS:
+                self.health.mark_up(host, self.stats.get(host))
+        else:
+            self._maybe_warm_up(host)
 
     def on_down(self, host: Any) -> None:
         """Tell the child, then mark the host not live in the snapshot."""
         self._child.on_down(host)
+        self._down_since.setdefault(id(host), self._clock.now_ns())
         self._host_changed(host, live=False)
 
     def on_add(self, host: Any) -> None:
-        """Tell the child, then add the host (live, like the stock policies do)."""
+        """Tell the child, then add the host (live, like the stock policies do); a host
+        joining a cluster in service starts WARMING."""
         self._child.on_add(host)
+        known = id(host) in self._hosts
         self._host_changed(host, live=True)
+        if not known:
+            self._maybe_warm_up(host)
+
+    def _maybe_warm_up(self, host: Any) -> None:
+        # While the driver connects it adds every host: nothing is being stampeded yet, so
+        # no slow start for hosts that appear then.
+        populated = self._populated_ns
+        if populated is not None and self._clock.now_ns() - populated >= _STARTUP_GRACE_NS:
+            self.health.mark_up(host, self.stats.get(host))
 
     def on_remove(self, host: Any) -> None:
         """Tell the child, then forget the host and free its statistics."""
         self._child.on_remove(host)
+        self._down_since.pop(id(host), None)
         with self._topology_lock:
             self._hosts.pop(id(host), None)
             self._live.discard(id(host))

@@ -80,6 +80,7 @@ class HostStats:
         "_lock",
         "_max_us",
         "_min_us",
+        "abandons_total",
         "errors_total",
         "ewma_s",
         "health_penalty",
@@ -101,6 +102,8 @@ class HostStats:
         self.requests_total = 0
         self.errors_total = 0
         self.timeouts_total = 0
+        self.abandons_total = 0
+        """Attempts released without an outcome (superseded, shutdown)."""
         self.underflows = 0
         """Releases that found nothing in flight: a tracking bug if ever non-zero."""
         self._lock = threading.Lock()
@@ -172,6 +175,7 @@ class HostStats:
         """The attempt is released without an outcome (another attempt won, or shutdown)."""
         with self._lock:
             self._release()
+            self.abandons_total += 1
 
     # Callers hold the lock.
     def _release(self) -> None:

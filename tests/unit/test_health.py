@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from hypothesis import given, settings
@@ -201,6 +202,6 @@ def test_host_hovering_at_the_threshold_does_not_flap(seed):
             if t.key == "h0":
                 changes.append(step)
     # Leaving SLOW needs recovery below 0.8 x the entry threshold, which never happens here.
-    gaps = [b - a for a, b in zip(changes, changes[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(changes)]
     assert all(gap * 0.25 >= 1.0 for gap in gaps)
     assert len(changes) <= 2

@@ -189,10 +189,19 @@ def test_down_host_is_not_a_candidate_and_returns_warming(cluster_3dc):
     policy.populate(cluster_3dc.cluster, cluster_3dc.metadata.all_hosts())
     key = murmur3_routing_keys(1, seed=10)[0]
     replica = local_replicas(cluster_3dc, key)[0]
+    # A down/up blip while the driver connects does not start a slow start...
+    replica.set_down()
+    policy.on_down(replica)
+    replica.set_up()
+    policy.on_up(replica)
+    assert policy.stats.get(replica).health_state is HealthState.HEALTHY
+    # ...a host returning to a cluster in service does.
+    clock.advance_s(60)
     replica.set_down()
     policy.on_down(replica)
     for _ in range(50):
         assert replica not in list(policy.make_query_plan("ks", statement(key)))
+    clock.advance_s(5)
     replica.set_up()
     policy.on_up(replica)
     stats = policy.stats.get(replica)

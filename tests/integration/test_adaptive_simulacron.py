@@ -1,0 +1,234 @@
+"""The real driver, wrapped by adaptive-lb and instrumented, against a simulated 3 DC x 3 node
+cluster whose nodes we make slow, failing, stalled or gone (issues 3 and 7)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from cassandra.cluster import ExecutionProfile
+from cassandra.policies import (
+    ConstantSpeculativeExecutionPolicy,
+    DCAwareRoundRobinPolicy,
+    TokenAwarePolicy,
+)
+
+from adaptive_lb import AdaptiveLoadBalancingPolicy, Config, instrument
+from adaptive_lb.config import HealthConfig, TrackingConfig
+from adaptive_lb.health import HealthState
+from tests.integration.load import LoadResult, closed_loop
+from tests.integration.simulacron import Simulacron
+
+pytestmark = pytest.mark.integration
+
+CLUSTER = "adaptive"
+RACKS = ["r1", "r2", "r3"]
+QUERY = "SELECT v FROM ks.t WHERE k = ?"
+ROWS: dict[str, Any] = {"rows": [{"v": 7}], "column_types": {"v": "int"}}
+PARAMS: dict[str, Any] = {"param_types": {"k": "int"}}
+
+# Reacts within a few hundred milliseconds, so the tests stay short.
+FAST = Config(
+    tracking=TrackingConfig(window=2.0, intervals=4),
+    health=HealthConfig(
+        refresh_interval=0.1, min_samples=20, slow_start=2.0, min_state_duration=0.5
+    ),
+)
+
+
+# A longer window: a penalised host is probed again only after a whole window without news.
+# p95: at 32 requests in flight the Python client's own queueing inflates every host's p99.
+STEADY = Config(
+    tracking=TrackingConfig(window=10.0, intervals=5),
+    health=HealthConfig(percentile=95.0, refresh_interval=0.1, min_samples=20, slow_start=2.0),
+)
+
+
+@pytest.fixture(scope="module")
+def nodes(simulacron: Simulacron) -> Iterator[dict[str, list[str]]]:
+    created = simulacron.create_cluster(CLUSTER, [RACKS] * 3)
+    try:
+        simulacron.prime_keyspace("ks", {"dc1": 2, "dc2": 2, "dc3": 2})
+        simulacron.prime(QUERY, **ROWS, **PARAMS)
+        yield created
+    finally:
+        simulacron.remove_cluster(CLUSTER)
+
+
+@pytest.fixture(autouse=True)
+def clean_dc1(simulacron: Simulacron, nodes: dict[str, list[str]]) -> Iterator[None]:
+    yield
+    simulacron.clear_primes("dc1", cluster=CLUSTER)
+
+
+def connect(driver_factory: Any, config: Config = FAST, adaptive: bool = True):
+    child = TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1"))
+    policy = AdaptiveLoadBalancingPolicy(child, config) if adaptive else child
+    cluster, session = driver_factory(policy)
+    if adaptive:
+        instrument(session)
+    return policy, cluster, session, session.prepare(QUERY)
+
+
+def run(session: Any, stmt: Any, concurrency: int, seconds: float) -> LoadResult:
+    return closed_loop(session, lambda i: (stmt, [i % 5000]), concurrency, seconds)
+
+
+def assert_exact_accounting(policy: AdaptiveLoadBalancingPolicy, result: LoadResult) -> None:
+    """Every attempt the driver made was counted once and released once."""
+    for view in policy.topology.by_id.values():
+        stats = view.stats
+        address = view.host.address
+        assert stats.in_flight == 0, address
+        assert stats.underflows == 0, address
+        released = stats.requests_total + stats.abandons_total
+        assert released == result.attempts[address], (address, released, result.attempts)
+
+
+def test_plans_contain_exactly_the_hosts_the_child_allows(driver_factory, nodes):
+    policy, cluster, _, stmt = connect(driver_factory)
+    dc1 = sorted(h for h in cluster.metadata.all_hosts() if h.datacenter == "dc1")
+    for k in range(300):
+        bound = stmt.bind([k])
+        plan = list(policy.make_query_plan("ks", bound))
+        assert sorted(plan) == sorted(policy.child.make_query_plan("ks", bound)) == dc1
+        replicas = [h for h in cluster.metadata.get_replicas("ks", bound.routing_key) if h in dc1]
+        assert set(plan[:2]) == set(replicas)
+    assert policy.internal_errors == 0
+
+
+@pytest.mark.parametrize("concurrency", [8, 32])
+def test_slow_node_gets_almost_nothing(simulacron, driver_factory, nodes, concurrency):
+    slow = nodes["dc1"][1]
+    delay = 20 if simulacron.fine_timer else 100
+    simulacron.prime(
+        QUERY, **ROWS, **PARAMS, delay_ms=delay, scope=simulacron.scope_of(slow, CLUSTER)
+    )
+    _, _, stock_session, stock_stmt = connect(driver_factory, adaptive=False)
+    stock = run(stock_session, stock_stmt, concurrency, 4.0)
+    policy, _, session, stmt = connect(driver_factory, STEADY)
+    adaptive = run(session, stmt, concurrency, 4.0)
+    print(
+        f"\nconcurrency {concurrency}, +{delay} ms on {slow}: stock share "
+        f"{stock.share(slow):.1%} p99 {stock.percentile(99) * 1000:.1f} ms "
+        f"({stock.requests} req); adaptive share {adaptive.share(slow):.1%} "
+        f"p99 {adaptive.percentile(99) * 1000:.1f} ms ({adaptive.requests} req)"
+    )
+    for view in sorted(policy.topology.local, key=lambda v: v.host.address):
+        window = policy.health.window_stats(view.host)
+        print(view.host.address, view.stats.health_state, window.latency, window.samples)
+    assert stock.share(slow) > 0.2
+    assert adaptive.share(slow) <= 0.05
+    assert adaptive.percentile(99) < stock.percentile(99)
+    assert not adaptive.errors
+    assert_exact_accounting(policy, adaptive)
+
+
+def test_failing_node_turns_erroring_then_warms_back(simulacron, driver_factory, nodes):
+    failing = nodes["dc1"][0]
+    scope = simulacron.scope_of(failing, CLUSTER)
+    simulacron.prime_error(QUERY, "overloaded", scope=scope, **PARAMS)
+    policy, cluster, session, stmt = connect(driver_factory)
+    host = next(h for h in cluster.metadata.all_hosts() if h.address == failing)
+    stats = policy.stats.get(host)
+    first = run(session, stmt, 4, 1.0)
+    assert stats.health_state is HealthState.ERRORING
+    assert stats.errors_total > 0
+    assert not first.errors  # the retry policy moved every failed attempt to another host
+    after = run(session, stmt, 4, 1.5)
+    assert after.share(failing) < 0.05
+    simulacron.clear_primes("dc1", cluster=CLUSTER)
+    states = set()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and stats.health_state is not HealthState.HEALTHY:
+        run(session, stmt, 4, 0.5)
+        states.add(stats.health_state)
+    assert HealthState.WARMING in states
+    assert stats.health_state is HealthState.HEALTHY
+    assert stats.in_flight == 0
+
+
+def test_stalled_node_is_avoided_and_traffic_returns(simulacron, driver_factory, nodes):
+    stalled = nodes["dc1"][2]
+    dc, node = simulacron.scope_of(stalled, CLUSTER)
+    policy, _, session, stmt = connect(driver_factory)
+    run(session, stmt, 8, 1.0)  # warm up: every host healthy and measured
+    simulacron.pause_reads(dc, node, cluster=CLUSTER)
+    try:
+        during = run(session, stmt, 8, 3.0)
+    finally:
+        simulacron.resume_reads(dc, node, cluster=CLUSTER)
+    # Only the requests already queued on it (and a few probes) may hang.
+    print(f"\nstall: {during.attempts[stalled]} attempts of {during.requests} went to it")
+    assert during.attempts[stalled] <= 16
+    assert sum(during.errors.values()) <= 16
+    recovered = LoadResult()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and recovered.attempts[stalled] < 50:
+        part = run(session, stmt, 8, 1.0)
+        recovered.attempts.update(part.attempts)
+    assert recovered.attempts[stalled] >= 50
+    time.sleep(0.2)
+    assert all(v.stats.in_flight == 0 for v in policy.topology.by_id.values())
+
+
+def test_node_down_and_back_returns_through_warming(simulacron, driver_factory, nodes):
+    victim = nodes["dc1"][1]
+    dc, node = simulacron.scope_of(victim, CLUSTER)
+    policy, cluster, session, stmt = connect(driver_factory)
+    host = next(h for h in cluster.metadata.all_hosts() if h.address == victim)
+    simulacron.take_down(dc, node, cluster=CLUSTER)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and host.is_up:
+            run(session, stmt, 4, 0.3)
+        assert not host.is_up
+        for k in range(100):
+            assert host not in list(policy.make_query_plan("ks", stmt.bind([k])))
+        time.sleep(1.2)  # a real outage, not a sub-second blip
+    finally:
+        simulacron.rebind(dc, node, cluster=CLUSTER)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not host.is_up:
+        time.sleep(0.1)
+    assert host.is_up
+    assert policy.stats.get(host).health_state is HealthState.WARMING
+    result = run(session, stmt, 4, 1.0)
+    assert result.attempts[victim] > 0
+    time.sleep(0.2)
+    assert all(v.stats.in_flight == 0 for v in policy.topology.by_id.values())
+
+
+def test_speculative_executions_are_tracked_per_attempt(simulacron, driver_factory, nodes):
+    slow = nodes["dc1"][0]
+    simulacron.prime(
+        QUERY, **ROWS, **PARAMS, delay_ms=200, scope=simulacron.scope_of(slow, CLUSTER)
+    )
+    _, cluster, session, _ = connect(driver_factory)
+    # A second adaptive policy in its own execution profile, speculating after 20 ms.
+    spec_policy = AdaptiveLoadBalancingPolicy(
+        TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")), FAST
+    )
+    cluster.add_execution_profile(
+        "spec",
+        ExecutionProfile(
+            load_balancing_policy=spec_policy,
+            speculative_execution_policy=ConstantSpeculativeExecutionPolicy(0.02, 2),
+            request_timeout=2.0,
+        ),
+    )
+    stmt = session.prepare(QUERY)
+    stmt.is_idempotent = True
+    result = LoadResult()
+    for k in range(300):
+        future = session.execute_async(stmt, [k], execution_profile="spec")
+        future.result()
+        for h in future.attempted_hosts:
+            result.attempts[h.address] += 1
+    time.sleep(0.5)  # late responses of the losing attempts
+    speculated = sum(result.attempts.values()) - 300
+    print(f"\nspeculative: {speculated} extra attempts, per host {dict(result.attempts)}")
+    assert speculated > 0
+    assert_exact_accounting(spec_policy, result)
