@@ -219,6 +219,7 @@ class HealthModel:
         self._windows: dict[Hashable, WindowStats] = {}
         self._refresh_lock = threading.Lock()
         self._next_refresh_ns = 0
+        self._unreported: dict[Hashable, HealthTransition] = {}
         self.refreshes = 0
 
     @property
@@ -249,6 +250,7 @@ class HealthModel:
         stats.health_state = new.state
         stats.health_penalty = new.penalty
         transition = HealthTransition(key, old, new)
+        self._unreported[key] = transition
         self._log(transition)
         return transition
 
@@ -256,6 +258,14 @@ class HealthModel:
         """Drop everything about ``key`` (host removed)."""
         self._health.pop(key, None)
         self._windows.pop(key, None)
+        self._unreported.pop(key, None)
+
+    def pop_unreported(self, key: Hashable) -> HealthTransition | None:
+        """The latest transition of ``key`` not yet shown in a trace (then forgotten): the
+        next recorded decision that touches the host reports it."""
+        if not self._unreported:
+            return None
+        return self._unreported.pop(key, None)
 
     def maybe_refresh(
         self, stats: Mapping[Hashable, HostStats], groups: Mapping[Hashable, Hashable]
@@ -308,6 +318,7 @@ class HealthModel:
             if new.state is not old.state:
                 transition = HealthTransition(key, old, new)
                 transitions.append(transition)
+                self._unreported[key] = transition
                 self._log(transition)
         self.refreshes += 1
         return transitions

@@ -55,6 +55,7 @@ from adaptive_lb.scoring import (
 from adaptive_lb.snapshot import HostSnapshot, PolicySnapshot
 from adaptive_lb.stats import StatsRegistry
 from adaptive_lb.topology import Topology
+from adaptive_lb.tracing import Candidate, Decision, DecisionTracer, current_recording_span
 
 __all__ = ["AdaptiveLoadBalancingPolicy"]
 
@@ -139,6 +140,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
     :param child: the policy to wrap, e.g. ``TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1"))``.
     :param config: settings (:class:`adaptive_lb.config.Config`); defaults when None.
     :param clock: monotonic clock for tracking and health (tests and the simulator inject one).
+    :param tracer_provider: OpenTelemetry TracerProvider for decision spans (default: global).
 
     Use it wherever the driver takes a load-balancing policy::
 
@@ -152,6 +154,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         config: Config | None = None,
         *,
         clock: Clock | None = None,
+        tracer_provider: Any | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(child, LoadBalancingPolicy):
@@ -179,6 +182,10 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         self._populated_ns: int | None = None
         self._down_since: dict[int, int] = {}
         self._resolver: ReplicaResolver | None = None
+        self._tracer_provider = tracer_provider
+        self._tracer: DecisionTracer | None = None
+        self._trace_ratio = 1.0
+        self._configure_tracing(self._config)
         self._error_lock = threading.Lock()
         self.internal_errors = 0
         """Exceptions caught inside the policy (each answered with the child's plan)."""
@@ -470,8 +477,106 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
     ) -> Iterator[Any]:
         """Yield hosts: the best-scored candidates first, then the rest of the child's plan.
 
-        See the module docstring for the guarantees.
+        See the module docstring for the guarantees. When a span is recording in the
+        current context, the decision is recorded on it (see :mod:`adaptive_lb.tracing`).
         """
+        if self._tracer is not None:
+            span = current_recording_span()
+            if span is not None and (self._trace_ratio >= 1.0 or random() < self._trace_ratio):
+                return self._traced_plan(span, working_keyspace, query)
+        return self._plan(working_keyspace, query, None)
+
+    def _configure_tracing(self, config: Config) -> None:
+        if config.tracing.enabled:
+            self._tracer = DecisionTracer(config.tracing, config.privacy, self._tracer_provider)
+            self._trace_ratio = config.tracing.ratio
+        else:
+            self._tracer = None
+
+    def _traced_plan(self, span: Any, working_keyspace: str | None, query: Any) -> Iterator[Any]:
+        info: dict[str, Any] = {}
+        hosts = list(self._plan(working_keyspace, query, info))
+        try:
+            decision, events = self._decision(info, hosts, working_keyspace, query)
+            self._tracer.record(span, decision, events)
+        except Exception:
+            self._internal_error()
+        return iter(hosts)
+
+    def _decision(
+        self, info: dict[str, Any], hosts: list[Any], working_keyspace: str | None, query: Any
+    ) -> tuple[Decision, list[tuple[str, dict[str, Any]]]]:
+        settings = self._settings
+        replicas = info.get("replicas", ())
+        replica_ids = {id(view.host) for view in replicas}
+        candidates = []
+        events = []
+        for view in info.get("candidates", ()):
+            is_replica = id(view.host) in replica_ids
+            stats = view.stats
+            penalty = view.rack_penalty * stats.health_penalty
+            if not is_replica and replicas:
+                penalty *= settings.non_replica_penalty
+            candidates.append(
+                Candidate(
+                    address=str(view.host.address),
+                    port=getattr(view.host.endpoint, "port", None),
+                    in_flight=stats.in_flight,
+                    health_state=stats.health_state.value,
+                    penalty=penalty,
+                    score=(stats.in_flight + 1) * penalty,
+                    is_replica=is_replica,
+                )
+            )
+            transition = self.health.pop_unreported(view.host)
+            if transition is not None:
+                events.append(
+                    (
+                        "adaptive_lb.health_transition",
+                        {
+                            "server.address": str(view.host.address),
+                            "adaptive_lb.health.from": transition.old.state.value,
+                            "adaptive_lb.health.to": transition.new.state.value,
+                            "adaptive_lb.health.penalty": transition.new.penalty,
+                            "adaptive_lb.health.reason": transition.new.reason,
+                        },
+                    )
+                )
+        chosen = hosts[0] if hosts else None
+        if info.get("fallback"):
+            position = "fallback"
+        elif chosen is None:
+            position = "none"
+        elif id(chosen) in replica_ids:
+            position = "replica"
+        else:
+            view = self._topology.view_of(chosen)
+            position = "non_replica" if view is not None and view.is_local else "remote"
+        cache = self.replica_cache
+        keyspace = info.get("keyspace", working_keyspace)
+        routing_key = getattr(query, "routing_key", None) if query is not None else None
+        decision = Decision(
+            keyspace=keyspace,
+            lwt=bool(info.get("lwt", False)),
+            replica_count=len(replicas),
+            candidates=tuple(candidates),
+            chosen_address=str(chosen.address) if chosen is not None else None,
+            chosen_port=getattr(chosen.endpoint, "port", None) if chosen is not None else None,
+            position=position,
+            cache_hit=info.get("cache_hit"),
+            cache_hit_ratio=cache.hit_ratio if cache is not None else 0.0,
+            fallback=bool(info.get("fallback", False)),
+            config_hash=self._config_hash,
+            plan_length=len(hosts),
+            routing_key=routing_key if self._config.privacy.routing_keys else None,
+        )
+        return decision, events
+
+    def _plan(
+        self, working_keyspace: str | None, query: Any, info: dict[str, Any] | None
+    ) -> Iterator[Any]:
+        """The algorithm. ``info`` (tracing only) receives what the decision was made of,
+        and disables the first-host shortcut so that every candidate gets a score."""
         topology = self._topology
         settings = self._settings
         chain = self._chain
@@ -502,11 +607,16 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                 if settings.token_aware and keyspace is not None and query is not None:
                     routing_key = query.routing_key
                     if routing_key is not None:
-                        replicas, _ = self._resolver.replicas(
+                        replicas, cache_hit = self._resolver.replicas(
                             keyspace, routing_key, query, topology
                         )
                         if replicas and (chain.predicates or allowed is not None):
                             replicas = self._eligible(replicas, allowed)
+                        if info is not None:
+                            info["cache_hit"] = cache_hit
+                if info is not None:
+                    info["keyspace"] = keyspace
+                    info["replicas"] = replicas
 
                 lwt = False
                 if replicas and settings.lwt_deterministic:
@@ -514,7 +624,11 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                     lwt = (is_lwt is not None and is_lwt()) or query.consistency_level in _SERIAL
                 if lwt:
                     yielded = set()
-                    for view in order_lwt(replicas):
+                    ordered = order_lwt(replicas)
+                    if info is not None:
+                        info["lwt"] = True
+                        info["candidates"] = ordered
+                    for view in ordered:
                         yielded.add(id(view.host))
                         yield view.host
                 elif replicas:
@@ -534,7 +648,10 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                             best_score = score
                             best = view
                     fill_count = settings.sample_size - len(replicas)
-                    if best_score < settings.non_replica_penalty * topology.min_rack_penalty:
+                    if (
+                        info is None
+                        and best_score < settings.non_replica_penalty * topology.min_rack_penalty
+                    ):
                         yielded = {id(best.host)}
                         yield best.host
                         others = [view for view in replicas if view is not best]
@@ -548,19 +665,26 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                     else:
                         fill = self._fill(local, fill_count, replicas, allowed)
                         ordered = rank(others, fill, settings.non_replica_penalty)
+                    if info is not None:
+                        info["candidates"] = ordered
                     for view in ordered:
                         yielded.add(id(view.host))
                         yield view.host
                 else:
                     fill = self._fill(local, settings.sample_size, (), allowed)
                     yielded = set()
-                    for view in rank(fill, (), 1.0):
+                    ordered = rank(fill, (), 1.0)
+                    if info is not None:
+                        info["candidates"] = ordered
+                    for view in ordered:
                         yielded.add(id(view.host))
                         yield view.host
             if rest is None:
                 rest = iter(self._rest_plan(keyspace, query))
         except Exception:
             self._internal_error()
+            if info is not None:
+                info["fallback"] = True
             if rest is None:
                 rest = iter(self._child.make_query_plan(working_keyspace, query))
 

@@ -1,0 +1,155 @@
+"""Decision tracing on the OpenTelemetry *API* (the SDK and exporters live in
+:mod:`adaptive_lb.exporters`).
+
+When a span is recording in the current context -- the application's own, or the one
+``opentelemetry-instrumentation-cassandra`` opens around a driver call -- the policy records
+its decision on it, as an event ``adaptive_lb.decision`` or, by config, as a child span
+``adaptive_lb.query_plan``. When nothing records, the cost is one context lookup
+(:func:`current_recording_span`, ~0.1 us).
+
+Privacy: the keyspace is recorded, never the routing key, the statement text or bound
+values (unless :class:`~adaptive_lb.config.PrivacyConfig` allows the routing key).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import define
+from opentelemetry import trace
+
+from adaptive_lb.config import PrivacyConfig, TracingConfig
+
+__all__ = [
+    "EVENT_NAME",
+    "SPAN_NAME",
+    "Candidate",
+    "Decision",
+    "DecisionTracer",
+    "current_recording_span",
+]
+
+EVENT_NAME = "adaptive_lb.decision"
+SPAN_NAME = "adaptive_lb.query_plan"
+
+try:  # The context variable behind opentelemetry.context.get_current() (private, faster).
+    from opentelemetry.context import _RUNTIME_CONTEXT
+    from opentelemetry.trace.propagation import _SPAN_KEY
+
+    _context_var = _RUNTIME_CONTEXT._current_context  # type: ignore[attr-defined]
+    _context_var.get()
+except Exception:  # another runtime context implementation: use the public API
+    _context_var = None
+
+
+def current_recording_span() -> Any | None:
+    """The current span if it is recording, else None -- the hot path's only tracing cost."""
+    if _context_var is not None:
+        span = _context_var.get().get(_SPAN_KEY)
+    else:
+        span = trace.get_current_span()
+    if span is not None and span.is_recording():
+        return span
+    return None
+
+
+@define(frozen=True, slots=True)
+class Candidate:
+    """One scored candidate of a decision."""
+
+    address: str
+    port: int | None
+    in_flight: int
+    health_state: str
+    penalty: float
+    """Health penalty x rack penalty x replica penalty: the multiplier of (in_flight + 1)."""
+    score: float
+    is_replica: bool
+
+
+@define(frozen=True, slots=True)
+class Decision:
+    """Why a plan starts the way it does."""
+
+    keyspace: str | None
+    lwt: bool
+    replica_count: int
+    candidates: tuple[Candidate, ...]
+    """In the order they were yielded."""
+    chosen_address: str | None
+    chosen_port: int | None
+    position: str
+    """``replica``, ``non_replica``, ``remote`` (no local candidate: the child's plan
+    decided) or ``fallback`` (internal error: the child's plan unchanged)."""
+    cache_hit: bool | None
+    """None: no replica lookup (no routing key) or a tablet lookup (never cached)."""
+    cache_hit_ratio: float
+    fallback: bool
+    config_hash: str
+    plan_length: int
+    routing_key: bytes | None = None
+    """Only set when ``privacy.routing_keys`` allows it."""
+
+
+class DecisionTracer:
+    """Records :class:`Decision` objects on spans, per :class:`TracingConfig`."""
+
+    def __init__(
+        self,
+        config: TracingConfig,
+        privacy: PrivacyConfig,
+        tracer_provider: Any | None = None,
+    ) -> None:
+        self.config = config
+        self.privacy = privacy
+        self._tracer = trace.get_tracer("adaptive_lb", tracer_provider=tracer_provider)
+        self.recorded = 0
+
+    def attributes(self, decision: Decision) -> dict[str, Any]:
+        """The attributes of a decision (semantic-convention names where they exist)."""
+        attributes: dict[str, Any] = {
+            "db.system.name": "cassandra",
+            "adaptive_lb.lwt": decision.lwt,
+            "adaptive_lb.replica_count": decision.replica_count,
+            "adaptive_lb.position": decision.position,
+            "adaptive_lb.fallback": decision.fallback,
+            "adaptive_lb.config_hash": decision.config_hash,
+            "adaptive_lb.plan_length": decision.plan_length,
+            "adaptive_lb.replica_cache.hit_ratio": round(decision.cache_hit_ratio, 4),
+        }
+        if decision.keyspace is not None:
+            attributes["db.namespace"] = decision.keyspace
+        if decision.cache_hit is not None:
+            attributes["adaptive_lb.replica_cache.hit"] = decision.cache_hit
+        if decision.chosen_address is not None:
+            attributes["server.address"] = decision.chosen_address
+            if decision.chosen_port is not None:
+                attributes["server.port"] = decision.chosen_port
+        if self.config.attributes and decision.candidates:
+            candidates = decision.candidates
+            attributes["adaptive_lb.candidates.address"] = [c.address for c in candidates]
+            attributes["adaptive_lb.candidates.in_flight"] = [c.in_flight for c in candidates]
+            attributes["adaptive_lb.candidates.health"] = [c.health_state for c in candidates]
+            attributes["adaptive_lb.candidates.penalty"] = [c.penalty for c in candidates]
+            attributes["adaptive_lb.candidates.score"] = [round(c.score, 3) for c in candidates]
+            attributes["adaptive_lb.candidates.replica"] = [c.is_replica for c in candidates]
+        if self.privacy.routing_keys and decision.routing_key is not None:
+            attributes["adaptive_lb.routing_key"] = decision.routing_key.hex()
+        return attributes
+
+    def record(self, span: Any, decision: Decision, events: list[tuple[str, dict]] = ()) -> None:
+        """Record ``decision`` on ``span`` (event mode) or as a child span of it (span mode);
+        ``events`` (e.g. health transitions of candidate hosts) are added alongside."""
+        attributes = self.attributes(decision)
+        if self.config.mode == "span":
+            context = trace.set_span_in_context(span)
+            with self._tracer.start_as_current_span(
+                SPAN_NAME, context=context, attributes=attributes
+            ) as child:
+                for name, event_attributes in events:
+                    child.add_event(name, event_attributes)
+        else:
+            span.add_event(EVENT_NAME, attributes)
+            for name, event_attributes in events:
+                span.add_event(name, event_attributes)
+        self.recorded += 1
