@@ -27,6 +27,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -57,7 +58,9 @@ from adaptive_lb.stats import StatsRegistry
 from adaptive_lb.topology import Topology
 from adaptive_lb.tracing import Candidate, Decision, DecisionTracer, current_recording_span
 
-__all__ = ["AdaptiveLoadBalancingPolicy"]
+__all__ = ["DECISION_POSITIONS", "AdaptiveLoadBalancingPolicy"]
+
+DECISION_POSITIONS = ("replica", "non_replica", "local", "child", "fallback")
 
 
 class _HealthRefresher(threading.Thread):
@@ -186,6 +189,11 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         self._tracer: DecisionTracer | None = None
         self._trace_ratio = 1.0
         self._configure_tracing(self._config)
+        # Plans by where their first host came from; itertools.count increments atomically
+        # (one C call, no lock) and is read at scrape time only.
+        self._decisions = {position: itertools.count() for position in DECISION_POSITIONS}
+        self.config_reloads = {"success": 0, "failure": 0}
+        """Reloads through :meth:`reload`, by result."""
         self._error_lock = threading.Lock()
         self.internal_errors = 0
         """Exceptions caught inside the policy (each answered with the child's plan)."""
@@ -202,6 +210,15 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
     def config(self) -> Config:
         """The config in force."""
         return self._config
+
+    @property
+    def decisions_by_position(self) -> dict[str, int]:
+        """Plans made, by the origin of their first host: ``replica``, ``non_replica`` (a
+        replica set existed but a non-replica scored best), ``local`` (no routing key or no
+        replicas: least-loaded local host), ``child`` (no local candidate, or a target host:
+        the child's plan decided), ``fallback`` (internal error)."""
+        # repr(itertools.count(n)) is "count(n)": the only way to read it without advancing.
+        return {position: int(repr(c)[6:-1]) for position, c in self._decisions.items()}
 
     @property
     def config_hash(self) -> str:
@@ -449,7 +466,20 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         else:
             from adaptive_lb.config import load_config
 
-            config = load_config(new)
+            try:
+                config = load_config(new)
+            except Exception:
+                with self._error_lock:
+                    self.config_reloads["failure"] += 1
+                log.error(
+                    "adaptive-lb: config reload from %s failed; keeping %s",
+                    new,
+                    self._config_hash,
+                    exc_info=True,
+                )
+                raise
+        with self._error_lock:
+            self.config_reloads["success"] += 1
         with self._topology_lock:
             old = self._config
             self._config = config
@@ -628,6 +658,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                     if info is not None:
                         info["lwt"] = True
                         info["candidates"] = ordered
+                    next(self._decisions["replica"])
                     for view in ordered:
                         yielded.add(id(view.host))
                         yield view.host
@@ -653,6 +684,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                         and best_score < settings.non_replica_penalty * topology.min_rack_penalty
                     ):
                         yielded = {id(best.host)}
+                        next(self._decisions["replica"])
                         yield best.host
                         others = [view for view in replicas if view is not best]
                     else:
@@ -667,6 +699,9 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                         ordered = rank(others, fill, settings.non_replica_penalty)
                     if info is not None:
                         info["candidates"] = ordered
+                    if not yielded and ordered:
+                        position = "replica" if ordered[0] in replicas else "non_replica"
+                        next(self._decisions[position])
                     for view in ordered:
                         yielded.add(id(view.host))
                         yield view.host
@@ -676,6 +711,8 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                     ordered = rank(fill, (), 1.0)
                     if info is not None:
                         info["candidates"] = ordered
+                    if ordered:
+                        next(self._decisions["local"])
                     for view in ordered:
                         yielded.add(id(view.host))
                         yield view.host
@@ -687,6 +724,12 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                 info["fallback"] = True
             if rest is None:
                 rest = iter(self._child.make_query_plan(working_keyspace, query))
+            if not yielded:
+                next(self._decisions["fallback"])
+        else:
+            if not yielded:
+                # No local candidate (or a target host): the child's plan decides.
+                next(self._decisions["child"])
 
         if yielded:
             for host in rest:

@@ -412,3 +412,18 @@ if RackAwareRoundRobinPolicy is not None:
     CHILD_FACTORIES["token_rack_aware"] = lambda: TokenAwarePolicy(
         RackAwareRoundRobinPolicy("dc1", "r2", 0)
     )
+
+
+def test_decisions_are_counted_by_position(cluster_3dc):
+    policy = populated(cluster_3dc, TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
+    key = murmur3_routing_keys(1, seed=40)[0]
+    for _ in range(10):
+        list(policy.make_query_plan("ks", statement(key)))
+    for _ in range(5):
+        next(iter(policy.make_query_plan("ks", SimpleStatement("SELECT now() FROM t"))))
+    for replica in local_replicas(cluster_3dc, key):
+        policy.stats.get(replica).in_flight = 100
+    for _ in range(3):
+        next(iter(policy.make_query_plan("ks", statement(key))))
+    counts = policy.decisions_by_position
+    assert counts == {"replica": 10, "non_replica": 3, "local": 5, "child": 0, "fallback": 0}
