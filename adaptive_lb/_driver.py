@@ -162,51 +162,65 @@ def future_policy(future: Any) -> Any:
     return getattr(future, "_load_balancer", None)
 
 
-def hook_future(
-    future: Any,
-    on_send: Callable[[Any], Any],
-    on_not_sent: Callable[[Any, Any], None],
-    on_response: Callable[[Any, Any], None],
-) -> None:
+def hook_future(future: Any, attempts: Any) -> None:
     """Observe every attempt ``future`` makes, on whichever thread makes it.
 
     The driver sends each attempt (first try, retry, speculative execution) through
-    ``ResponseFuture._query(host, message, cb)`` and delivers its response to
+    ``ResponseFuture._query(host, message, cb)``, delivers its response to
     ``ResponseFuture._set_result(host, connection, pool, response)`` -- bound when the
     attempt is sent, so an instance attribute set here is the one called -- or to the
-    custom ``cb`` it was sent with (re-prepare). Neither is public, so both are wrapped on
-    this one future instance only (no driver class is modified):
+    custom ``cb`` it was sent with (re-prepare), and ends the request with
+    ``_set_final_result(response)`` or ``_set_final_exception(exc, ...)``. None of these is
+    public, so they are wrapped on this one future instance only (no driver class is
+    modified). ``attempts`` receives:
 
-    * ``on_send(host) -> token`` runs just before the attempt is written (so a response
-      racing in on the I/O thread always finds it counted);
-    * ``on_not_sent(host, token)`` runs if the driver could not send it (no connection);
-    * ``on_response(host, response)`` runs when its response (a message or an exception
-      such as ``ConnectionShutdown``) arrives, before the driver acts on it.
+    * ``sent(host) -> token`` just before an attempt is written (so a response racing in
+      on the I/O thread always finds it counted), ``not_sent(host, token)`` if the driver
+      could not send it;
+    * ``answered(host, response)`` when its response (a message, or an exception such as
+      ``ConnectionShutdown``) arrives, before the driver acts on it;
+    * ``ended(exception_or_None)`` when the request ends (after the winning response, or
+      on a client-side timeout / final error).
     """
     query = future._query
     set_result = future._set_result
+    set_final_result = future._set_final_result
+    set_final_exception = future._set_final_exception
+    sent = attempts.sent
+    answered = attempts.answered
+    ended = attempts.ended
 
     def tracked_query(host: Any, message: Any = None, cb: Any = None) -> Any:
-        token = on_send(host)
+        token = sent(host)
         if cb is not None:
             callback = cb
 
             def cb(response: Any) -> Any:
-                on_response(host, response)
+                answered(host, response)
                 return callback(response)
 
         try:
             request_id = query(host, message, cb)
         except BaseException:
-            on_not_sent(host, token)
+            attempts.not_sent(host, token)
             raise
         if request_id is None:
-            on_not_sent(host, token)
+            attempts.not_sent(host, token)
         return request_id
 
     def tracked_set_result(host: Any, connection: Any, pool: Any, response: Any) -> Any:
-        on_response(host, response)
+        answered(host, response)
         return set_result(host, connection, pool, response)
+
+    def tracked_final_result(response: Any) -> Any:
+        ended(None)
+        return set_final_result(response)
+
+    def tracked_final_exception(response: Any, *args: Any, **kwargs: Any) -> Any:
+        ended(response)
+        return set_final_exception(response, *args, **kwargs)
 
     future._query = tracked_query
     future._set_result = tracked_set_result
+    future._set_final_result = tracked_final_result
+    future._set_final_exception = tracked_final_exception

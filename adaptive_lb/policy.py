@@ -168,6 +168,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         self._config_hash = self._config.hash
         self._settings = _PlanSettings.of(self._config, self._chain)
         self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
+        self._now_ns = self._clock.now_ns
         self.stats = StatsRegistry(self._config.tracking, self._clock)
         """Per-host live statistics (in-flight, latency window, health penalty)."""
         self.health = HealthModel(

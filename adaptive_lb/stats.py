@@ -27,6 +27,8 @@ from adaptive_lb.health_state import HealthState
 __all__ = ["HostStats", "StatsRegistry", "WindowStats"]
 
 _NS_PER_US = 1000
+_FOLD_BATCH = 512
+"""Latency samples buffered per interval before they are folded into its histogram."""
 
 
 @define(frozen=True, slots=True)
@@ -53,16 +55,22 @@ class WindowStats:
 
 
 class _Interval:
-    """One slice of the window: counters and a histogram allocated on first sample (idle
-    hosts, e.g. in remote datacenters, hold no histogram memory)."""
+    """One slice of the window: counters, and a histogram allocated on first sample (idle
+    hosts, e.g. in remote datacenters, hold no histogram memory).
 
-    __slots__ = ("errors", "histogram", "successes", "timeouts")
+    Samples are appended to ``pending`` (one list append on the request path) and folded
+    into the histogram in batches -- when the list is full, when the interval rotates, or
+    when the window is read -- so the driver's I/O thread does not pay HdrHistogram's
+    pure-Python ``record_value`` (~1 us) on every response."""
+
+    __slots__ = ("errors", "histogram", "pending", "successes", "timeouts")
 
     def __init__(self) -> None:
         self.successes = 0
         self.errors = 0
         self.timeouts = 0
         self.histogram: HdrHistogram | None = None
+        self.pending: list[int] = []
 
 
 class HostStats:
@@ -190,14 +198,26 @@ class HostStats:
             value = self._min_us
         elif value > self._max_us:
             value = self._max_us
-        interval = self._intervals[self._current]
-        histogram = interval.histogram
-        if histogram is None:
-            histogram = interval.histogram = self._new_histogram()
-        histogram.record_value(value)
+        pending = self._intervals[self._current].pending
+        pending.append(value)
+        if len(pending) >= _FOLD_BATCH:
+            self._fold(self._intervals[self._current])
         seconds = value / 1e6
         ewma = self.ewma_s
         self.ewma_s = seconds if ewma is None else ewma + self._alpha * (seconds - ewma)
+
+    def _fold(self, interval: _Interval) -> None:
+        # Caller holds the lock.
+        pending = interval.pending
+        if not pending:
+            return
+        histogram = interval.histogram
+        if histogram is None:
+            histogram = interval.histogram = self._new_histogram()
+        record = histogram.record_value
+        for value in pending:
+            record(value)
+        pending.clear()
 
     def _new_histogram(self) -> HdrHistogram:
         return HdrHistogram(self._min_us, self._max_us, self._config.significant_digits)
@@ -206,6 +226,7 @@ class HostStats:
         # Skip as many intervals as have fully elapsed (a long idle gap clears the window).
         elapsed = (now - self._deadline_ns) // self._interval_ns + 1
         count = len(self._intervals)
+        self._fold(self._intervals[self._current])
         for _ in range(min(elapsed, count)):
             self._current = (self._current + 1) % count
             # A fresh slot: cheaper than HdrHistogram.reset(), which loops in Python.
@@ -222,10 +243,12 @@ class HostStats:
         with self._lock:
             if now >= self._deadline_ns:
                 self._rotate(now)
-            # Interval objects are replaced, never mutated, once rotated out; the current
-            # one keeps changing, so its histogram is merged under the lock (a C-level add).
+            # Interval objects are replaced, never mutated, once rotated out (their samples
+            # were folded on rotation); the current one keeps changing, so its samples are
+            # folded and its histogram merged under the lock (a C-level add).
             intervals = list(self._intervals)
             current = self._intervals[self._current]
+            self._fold(current)
             successes = sum(i.successes for i in intervals)
             errors = sum(i.errors for i in intervals)
             timeouts = sum(i.timeouts for i in intervals)

@@ -9,9 +9,9 @@ is:
 
 * counted in flight on its host just before it is written to the connection;
 * released once, by whichever happens first: its response arrives (success, fast error,
-  server-side timeout), the request ends while it is still outstanding (a speculative
-  execution won, or the client-side timeout fired: counted as a timeout), or
-  :meth:`RequestTracker.close` (session shutdown).
+  server-side timeout, or the ``ConnectionShutdown`` the driver delivers when the session
+  or the connection closes), or the request ends while it is still outstanding (a
+  speculative execution won; or the client-side timeout fired: counted as a timeout).
 
 Fast errors (overloaded, unavailable, bootstrapping, server error, broken connection) never
 enter the latency histogram, so a node that fails fast never looks fast. Requests refused
@@ -57,50 +57,72 @@ _CLIENT_ERROR_CODES = frozenset(
 
 
 class _Attempts:
-    """The outstanding attempts of one ResponseFuture (usually one, more with speculative
-    executions). A lock makes release exactly-once across the I/O thread that delivers
-    responses, the timer thread that fires timeouts and speculative executions, and the
-    application thread."""
+    """The outstanding attempts of one ResponseFuture: usually one (kept in three slots,
+    no container), more with speculative executions or a retry racing a late response.
+    A lock makes release exactly-once across the I/O thread that delivers responses, the
+    timer thread that fires timeouts and speculative executions, and the application
+    thread."""
 
-    __slots__ = ("__weakref__", "_lock", "outstanding", "policy", "tracker")
+    __slots__ = ("_lock", "by_id", "extra", "host", "now_ns", "policy", "sent_ns", "stats")
 
-    def __init__(self, tracker: RequestTracker, policy: AdaptiveLoadBalancingPolicy) -> None:
-        self.tracker = tracker
+    def __init__(self, policy: AdaptiveLoadBalancingPolicy) -> None:
         self.policy = policy
-        self.outstanding: dict[int, tuple[Any, Any, int]] = {}
+        self.by_id = policy._topology.by_id
+        self.now_ns = policy._now_ns
+        self.host: Any = None
+        self.stats: Any = None
+        self.sent_ns = 0
+        self.extra: dict[int, tuple[Any, Any, int]] | None = None
         self._lock = threading.Lock()
 
-    def on_send(self, host: Any) -> Any:
-        policy = self.policy
-        view = policy.topology.view_of(host)
-        stats = view.stats if view is not None else policy.stats.get(host)
+    def sent(self, host: Any) -> Any:
+        view = self.by_id.get(id(host))
+        stats = view.stats if view is not None else self.policy.stats.get(host)
         stats.on_send()
-        attempt = (host, stats, policy.clock.now_ns())
+        now = self.now_ns()
         with self._lock:
-            previous = self.outstanding.get(id(host))
-            self.outstanding[id(host)] = attempt
+            if self.host is None:
+                self.host, self.stats, self.sent_ns = host, stats, now
+                return None
+            if self.host is host:
+                # The same host again while its attempt is outstanding (a retry racing a
+                # late response): the older attempt is superseded.
+                previous = self.stats
+                self.stats, self.sent_ns = stats, now
+            else:
+                if self.extra is None:
+                    self.extra = {}
+                entry = self.extra.get(id(host))
+                previous = entry[1] if entry is not None else None
+                self.extra[id(host)] = (host, stats, now)
         if previous is not None:
-            previous[1].on_abandon()
-        if len(self.outstanding) == 1:
-            self.tracker._register(self)
-        return attempt
+            previous.on_abandon()
+        return None
 
-    def on_not_sent(self, host: Any, attempt: Any) -> None:
-        with self._lock:
-            if self.outstanding.get(id(host)) is not attempt:
-                return
-            del self.outstanding[id(host)]
-        attempt[1].on_abandon()
-        self._maybe_unregister()
+    def not_sent(self, host: Any, _token: Any) -> None:
+        released = self._take(host)
+        if released is not None:
+            released[0].on_abandon()
 
-    def on_response(self, host: Any, response: Any) -> None:
+    def _take(self, host: Any) -> tuple[Any, int] | None:
         with self._lock:
-            attempt = self.outstanding.pop(id(host), None)
-        if attempt is None:
+            if self.host is host:
+                taken = (self.stats, self.sent_ns)
+                self.host = self.stats = None
+                return taken
+            if self.extra:
+                entry = self.extra.pop(id(host), None)
+                if entry is not None:
+                    return entry[1], entry[2]
+        return None
+
+    def answered(self, host: Any, response: Any) -> None:
+        taken = self._take(host)
+        if taken is None:
             return  # already released (timed out, superseded), or not sent through _query
-        stats = attempt[1]
-        latency_ns = self.policy.clock.now_ns() - attempt[2]
-        if isinstance(response, ResultMessage):
+        stats, sent_ns = taken
+        latency_ns = self.now_ns() - sent_ns
+        if type(response) is ResultMessage:
             stats.on_success(latency_ns)
         elif isinstance(response, (ReadTimeoutErrorMessage, WriteTimeoutErrorMessage)):
             stats.on_timeout(latency_ns)
@@ -109,42 +131,43 @@ class _Attempts:
                 stats.on_success(latency_ns)
             else:
                 stats.on_error(latency_ns, fast=True)
+        elif isinstance(response, ResultMessage):
+            stats.on_success(latency_ns)
         else:  # an exception: connection broken, shut down, defunct
             stats.on_error(latency_ns, fast=True)
-        self._maybe_unregister()
 
-    def on_final(self, _result: Any = None) -> None:
-        # Whatever is still outstanding lost to another attempt.
-        self._release_all(timed_out=False)
-
-    def on_final_error(self, exc: BaseException) -> None:
-        self._release_all(timed_out=isinstance(exc, OperationTimedOut))
-
-    def _release_all(self, timed_out: bool) -> None:
+    def ended(self, exception: BaseException | None) -> None:
+        """The request is over: what is still outstanding lost to another attempt, or
+        timed out with the request."""
         with self._lock:
-            attempts = list(self.outstanding.values())
-            self.outstanding.clear()
-        if attempts:
-            now = self.policy.clock.now_ns()
-            for _host, stats, sent_ns in attempts:
-                if timed_out:
-                    stats.on_timeout(now - sent_ns)
-                else:
-                    stats.on_abandon()
-        self.tracker._unregister(self)
-
-    def _maybe_unregister(self) -> None:
-        if not self.outstanding:
-            self.tracker._unregister(self)
+            if self.host is None and not self.extra:
+                return
+            outstanding = []
+            if self.host is not None:
+                outstanding.append((self.stats, self.sent_ns))
+                self.host = self.stats = None
+            if self.extra:
+                outstanding.extend((entry[1], entry[2]) for entry in self.extra.values())
+                self.extra = None
+        if isinstance(exception, OperationTimedOut):
+            now = self.now_ns()
+            for stats, sent_ns in outstanding:
+                stats.on_timeout(now - sent_ns)
+        else:
+            for stats, _ in outstanding:
+                stats.on_abandon()
 
 
 class RequestTracker:
-    """Tracks the requests of one driver ``Session`` (see :func:`instrument`)."""
+    """Tracks the requests of one driver ``Session`` (see :func:`instrument`).
+
+    Every attempt is released by its own response, by the end of its request, or -- when
+    the session shuts down -- by the ``ConnectionShutdown`` the driver delivers to every
+    pending request, so no registry of live requests is kept on the hot path.
+    """
 
     def __init__(self, session: Any) -> None:
         self._session = session
-        self._live: dict[int, _Attempts] = {}
-        self._live_lock = threading.Lock()
         self._closed = False
         self.untracked_requests = 0
         """Requests whose plan did not come from an AdaptiveLoadBalancingPolicy."""
@@ -152,37 +175,17 @@ class RequestTracker:
 
     def _on_request(self, future: Any) -> None:
         policy = future_policy(future)
-        if not isinstance(policy, AdaptiveLoadBalancingPolicy) or self._closed:
+        if self._closed or not isinstance(policy, AdaptiveLoadBalancingPolicy):
             self.untracked_requests += 1
             return
-        attempts = _Attempts(self, policy)
-        hook_future(future, attempts.on_send, attempts.on_not_sent, attempts.on_response)
-        future.add_callbacks(attempts.on_final, attempts.on_final_error)
-
-    def _register(self, attempts: _Attempts) -> None:
-        with self._live_lock:
-            self._live[id(attempts)] = attempts
-
-    def _unregister(self, attempts: _Attempts) -> None:
-        with self._live_lock:
-            self._live.pop(id(attempts), None)
-
-    @property
-    def outstanding_requests(self) -> int:
-        """Requests with at least one attempt in flight."""
-        return len(self._live)
+        hook_future(future, _Attempts(policy))
 
     def close(self) -> None:
-        """Stop tracking new requests and release every attempt still in flight (call it
-        when the session shuts down; :func:`instrument` arranges that)."""
+        """Stop tracking new requests (requests already hooked are still released when
+        they complete). :func:`instrument` calls it when the session shuts down."""
         self._closed = True
         with contextlib.suppress(ValueError):
             self._session.remove_request_init_listener(self._on_request)
-        with self._live_lock:
-            live = list(self._live.values())
-            self._live.clear()
-        for attempts in live:
-            attempts._release_all(timed_out=False)
 
 
 def _session_policies(session: Any) -> list[AdaptiveLoadBalancingPolicy]:

@@ -67,11 +67,11 @@ def test_outcomes_are_classified():
         (ConnectionShutdown("gone"), "error"),
     ]
     for response, _ in cases:
-        attempts = _Attempts(tracker, policy)
-        attempts.on_send(host)
+        attempts = _Attempts(policy)
+        attempts.sent(host)
         assert stats.in_flight == 1
         clock.advance(3 * MS)
-        attempts.on_response(host, response)
+        attempts.answered(host, response)
         assert stats.in_flight == 0
     window = stats.window_stats()
     assert (window.successes, window.errors, window.timeouts) == (2, 3, 1)
@@ -82,28 +82,26 @@ def test_outcomes_are_classified():
 def test_speculative_loser_is_released_once_when_the_request_ends():
     model, policy, tracker = setup()
     first, second = model.hosts[0], model.hosts[1]
-    attempts = _Attempts(tracker, policy)
-    attempts.on_send(first)
-    attempts.on_send(second)  # speculative execution
-    assert tracker.outstanding_requests == 1
-    attempts.on_response(second, success())
-    attempts.on_final()
+    attempts = _Attempts(policy)
+    attempts.sent(first)
+    attempts.sent(second)  # speculative execution
+    attempts.answered(second, success())
+    attempts.ended(None)
     assert policy.stats.get(first).in_flight == 0
     assert policy.stats.get(first).requests_total == 0  # abandoned, no outcome
     # The loser's late response must not release it a second time.
-    attempts.on_response(first, success())
+    attempts.answered(first, success())
     assert policy.stats.get(first).underflows == 0
-    assert tracker.outstanding_requests == 0
 
 
 def test_client_timeout_counts_a_timeout_on_every_outstanding_attempt():
     clock = ManualClock(0)
     model, policy, tracker = setup(clock)
-    attempts = _Attempts(tracker, policy)
-    attempts.on_send(model.hosts[0])
-    attempts.on_send(model.hosts[1])
+    attempts = _Attempts(policy)
+    attempts.sent(model.hosts[0])
+    attempts.sent(model.hosts[1])
     clock.advance(2000 * MS)
-    attempts.on_final_error(OperationTimedOut({}, model.hosts[1]))
+    attempts.ended(OperationTimedOut({}, model.hosts[1]))
     for host in model.hosts[:2]:
         stats = policy.stats.get(host)
         assert stats.in_flight == 0 and stats.timeouts_total == 1
@@ -112,20 +110,27 @@ def test_client_timeout_counts_a_timeout_on_every_outstanding_attempt():
 
 def test_not_sent_attempt_is_released():
     model, policy, tracker = setup()
-    attempts = _Attempts(tracker, policy)
-    token = attempts.on_send(model.hosts[0])
-    attempts.on_not_sent(model.hosts[0], token)
+    attempts = _Attempts(policy)
+    token = attempts.sent(model.hosts[0])
+    attempts.not_sent(model.hosts[0], token)
     assert policy.stats.get(model.hosts[0]).in_flight == 0
-    assert tracker.outstanding_requests == 0
 
 
-def test_close_releases_everything_in_flight():
+def test_shutdown_releases_everything_in_flight():
+    """On shutdown the driver answers every pending attempt with ConnectionShutdown."""
     model, policy, tracker = setup()
+    pending = []
     for host in model.hosts:
-        _Attempts(tracker, policy).on_send(host)
+        attempts = _Attempts(policy)
+        attempts.sent(host)
+        pending.append((attempts, host))
     assert sum(policy.stats.get(h).in_flight for h in model.hosts) == len(model.hosts)
     tracker.close()
+    for attempts, host in pending:
+        attempts.answered(host, ConnectionShutdown("shutting down"))
+        attempts.ended(ConnectionShutdown("shutting down"))
     assert all(policy.stats.get(h).in_flight == 0 for h in model.hosts)
+    assert tracker._session.listeners == []
 
 
 def test_many_threads_random_attempt_histories_end_at_zero():
@@ -145,32 +150,32 @@ def test_many_threads_random_attempt_histories_end_at_zero():
         rng = random.Random(seed)
         attempts_made = outcomes = 0
         while attempts_made < 100_000:
-            request = _Attempts(tracker, policy)
+            request = _Attempts(policy)
             plan = rng.sample(hosts, 3)
             outstanding = [plan[0]]
-            request.on_send(plan[0])
+            request.sent(plan[0])
             attempts_made += 1
             if rng.random() < 0.3:  # retry on the next host after an error
-                request.on_response(plan[0], responses[1]())
+                request.answered(plan[0], responses[1]())
                 outcomes += 1
                 outstanding = [plan[1]]
-                request.on_send(plan[1])
+                request.sent(plan[1])
                 attempts_made += 1
             if rng.random() < 0.3:  # speculative execution beside it
-                request.on_send(plan[2])
+                request.sent(plan[2])
                 outstanding.append(plan[2])
                 attempts_made += 1
             roll = rng.random()
             if roll < 0.1:
-                request.on_final_error(OperationTimedOut({}, outstanding[0]))
+                request.ended(OperationTimedOut({}, outstanding[0]))
                 outcomes += len(outstanding)
             else:
                 winner = rng.choice(outstanding)
-                request.on_response(winner, rng.choice(responses)())
+                request.answered(winner, rng.choice(responses)())
                 outcomes += 1
-                request.on_final()
+                request.ended(None)
             if rng.random() < 0.2:  # late response after the end
-                request.on_response(rng.choice(outstanding), success())
+                request.answered(rng.choice(outstanding), success())
         with lock:
             totals["attempts"] += attempts_made
             totals["outcomes"] += outcomes
@@ -184,4 +189,3 @@ def test_many_threads_random_attempt_histories_end_at_zero():
     assert all(s.in_flight == 0 for s in stats)
     assert all(s.underflows == 0 for s in stats)
     assert sum(s.requests_total for s in stats) == totals["outcomes"]
-    assert tracker.outstanding_requests == 0
