@@ -55,7 +55,7 @@ def success():
 
 def test_outcomes_are_classified():
     clock = ManualClock(0)
-    model, policy, tracker = setup(clock)
+    model, policy, _tracker = setup(clock)
     host = model.hosts[0]
     stats = policy.stats.get(host)
     cases = [
@@ -80,7 +80,7 @@ def test_outcomes_are_classified():
 
 
 def test_speculative_loser_is_released_once_when_the_request_ends():
-    model, policy, tracker = setup()
+    model, policy, _tracker = setup()
     first, second = model.hosts[0], model.hosts[1]
     attempts = _Attempts(policy)
     attempts.sent(first)
@@ -96,7 +96,7 @@ def test_speculative_loser_is_released_once_when_the_request_ends():
 
 def test_client_timeout_counts_a_timeout_on_every_outstanding_attempt():
     clock = ManualClock(0)
-    model, policy, tracker = setup(clock)
+    model, policy, _tracker = setup(clock)
     attempts = _Attempts(policy)
     attempts.sent(model.hosts[0])
     attempts.sent(model.hosts[1])
@@ -109,7 +109,7 @@ def test_client_timeout_counts_a_timeout_on_every_outstanding_attempt():
 
 
 def test_not_sent_attempt_is_released():
-    model, policy, tracker = setup()
+    model, policy, _tracker = setup()
     attempts = _Attempts(policy)
     token = attempts.sent(model.hosts[0])
     attempts.not_sent(model.hosts[0], token)
@@ -136,7 +136,7 @@ def test_shutdown_releases_everything_in_flight():
 def test_many_threads_random_attempt_histories_end_at_zero():
     """16 threads x 100,000 attempts: first tries, retries on another host, speculative
     executions, successes, fast and slow errors, client timeouts, late responses."""
-    model, policy, tracker = setup(ManualClock(0))
+    model, policy, _tracker = setup(ManualClock(0))
     hosts = model.hosts
     responses = [
         success,
