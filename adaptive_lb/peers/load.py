@@ -1,0 +1,115 @@
+"""A closed-loop load generator for integration tests and the loadtest command's simulated mode.
+
+``concurrency`` threads each run ``session.execute`` back to back until ``duration`` has
+passed; every request's attempted hosts, coordinator and latency are kept.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from attrs import define, field
+
+
+@define
+class LoadResult:
+    """What a load run observed, request by request."""
+
+    latencies: list[float] = field(factory=list)
+    """Seconds, successful requests only."""
+    coordinators: Counter = field(factory=Counter)
+    """Host address -> requests it answered."""
+    attempts: Counter = field(factory=Counter)
+    """Host address -> attempts sent to it (``ResponseFuture.attempted_hosts``)."""
+    errors: Counter = field(factory=Counter)
+    """Exception type name -> requests that failed."""
+
+    @property
+    def requests(self) -> int:
+        """Requests completed (successfully or not)."""
+        return len(self.latencies) + sum(self.errors.values())
+
+    def share(self, address: str) -> float:
+        """Fraction of all attempts that went to ``address``."""
+        total = sum(self.attempts.values())
+        return self.attempts[address] / total if total else 0.0
+
+    def percentile(self, p: float) -> float:
+        """Latency at percentile ``p`` (0..100), seconds."""
+        ordered = sorted(self.latencies)
+        if not ordered:
+            return float("nan")
+        index = min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))
+        return ordered[index]
+
+
+def closed_loop(
+    session: Any,
+    make_statement: Callable[[int], tuple[Any, Any]],
+    concurrency: int,
+    duration: float,
+    timeout: float = 2.0,
+    disable_gc: bool = True,
+) -> LoadResult:
+    """Run ``concurrency`` closed-loop clients for ``duration`` seconds.
+
+    ``make_statement(i)`` returns ``(statement, parameters)`` for request number ``i``.
+    With ``disable_gc`` the cyclic garbage collector is off during the run (it adds 20-60 ms
+    pauses to the Python client's p99, noise that is not the cluster's), and collected after.
+    """
+    if disable_gc:
+        gc.collect()
+        gc.disable()
+    try:
+        return _closed_loop(session, make_statement, concurrency, duration, timeout)
+    finally:
+        if disable_gc:
+            gc.enable()
+            gc.collect()
+
+
+def _closed_loop(
+    session: Any,
+    make_statement: Callable[[int], tuple[Any, Any]],
+    concurrency: int,
+    duration: float,
+    timeout: float,
+) -> LoadResult:
+    result = LoadResult()
+    lock = threading.Lock()
+    deadline = time.monotonic() + duration
+    counter = iter(range(10**12))
+
+    def client() -> None:
+        local = LoadResult()
+        while time.monotonic() < deadline:
+            statement, parameters = make_statement(next(counter))
+            future = session.execute_async(statement, parameters, timeout=timeout)
+            start = time.perf_counter()
+            try:
+                future.result()
+            except Exception as exc:
+                local.errors[type(exc).__name__] += 1
+            else:
+                local.latencies.append(time.perf_counter() - start)
+                if future.coordinator_host is not None:
+                    local.coordinators[future.coordinator_host.address] += 1
+            for host in future.attempted_hosts:
+                local.attempts[host.address] += 1
+        with lock:
+            result.latencies.extend(local.latencies)
+            result.coordinators.update(local.coordinators)
+            result.attempts.update(local.attempts)
+            result.errors.update(local.errors)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(duration + timeout + 30)
+    return result
