@@ -55,18 +55,20 @@ def closed_loop(
     duration: float,
     timeout: float = 2.0,
     disable_gc: bool = True,
+    progress: Callable[[float, int], None] | None = None,
 ) -> LoadResult:
     """Run ``concurrency`` closed-loop clients for ``duration`` seconds.
 
     ``make_statement(i)`` returns ``(statement, parameters)`` for request number ``i``.
     With ``disable_gc`` the cyclic garbage collector is off during the run (it adds 20-60 ms
     pauses to the Python client's p99, noise that is not the cluster's), and collected after.
+    ``progress(elapsed_seconds, completed_requests)`` is called about once a second.
     """
     if disable_gc:
         gc.collect()
         gc.disable()
     try:
-        return _closed_loop(session, make_statement, concurrency, duration, timeout)
+        return _closed_loop(session, make_statement, concurrency, duration, timeout, progress)
     finally:
         if disable_gc:
             gc.enable()
@@ -79,18 +81,22 @@ def _closed_loop(
     concurrency: int,
     duration: float,
     timeout: float,
+    progress: Callable[[float, int], None] | None,
 ) -> LoadResult:
     result = LoadResult()
     lock = threading.Lock()
-    deadline = time.monotonic() + duration
+    started = time.monotonic()
+    deadline = started + duration
     counter = iter(range(10**12))
+    clients: list[LoadResult] = []
 
     def client() -> None:
         local = LoadResult()
+        clients.append(local)
         while time.monotonic() < deadline:
             statement, parameters = make_statement(next(counter))
-            future = session.execute_async(statement, parameters, timeout=timeout)
             start = time.perf_counter()
+            future = session.execute_async(statement, parameters, timeout=timeout)
             try:
                 future.result()
             except Exception as exc:
@@ -110,6 +116,13 @@ def _closed_loop(
     threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
     for thread in threads:
         thread.start()
+    if progress is not None:
+        while True:
+            alive = [thread for thread in threads if thread.is_alive()]
+            if not alive:
+                break
+            alive[0].join(1.0)
+            progress(time.monotonic() - started, sum(c.requests for c in list(clients)))
     for thread in threads:
         thread.join(duration + timeout + 30)
     return result

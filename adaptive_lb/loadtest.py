@@ -1,0 +1,314 @@
+"""``adaptive-lb loadtest``: drive a closed-loop load through the stock policy or adaptive-lb
+(or both, one after the other) against your cluster or a simulated one, and compare.
+
+    adaptive-lb loadtest --simulated --slow-node 2 --delay 20 --compare
+    adaptive-lb loadtest --contact-points 10.0.0.1 --local-dc dc1 \\
+        --keyspace app --query "SELECT * FROM app.users WHERE id = ?" --key-range 100000 \\
+        --config adaptive-lb.yaml --compare
+
+``--simulated`` starts Simulacron (fetched from Maven Central with ``mvn``; Java needed):
+3 datacenters x 3 nodes on loopback, keyspace ``ks`` (NetworkTopologyStrategy, RF 2 per
+DC), and optionally one slow ``dc1`` node. Only reads are sent; against a real cluster,
+``--query`` is a statement with at most one ``?`` (an int drawn from ``--key-range``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from contextlib import ExitStack
+from typing import Any, TextIO
+
+from attrs import define, field
+
+__all__ = ["LoadtestOptions", "RunReport", "add_subcommand", "run_loadtest"]
+
+SIMULATED_QUERY = "SELECT v FROM ks.t WHERE k = ?"
+
+
+@define
+class LoadtestOptions:
+    """Everything a load test run needs."""
+
+    contact_points: list[str] = field(factory=list)
+    port: int = 9042
+    local_dc: str = "dc1"
+    query: str | None = None
+    key_range: int = 100_000
+    concurrency: int = 8
+    duration: float = 10.0
+    timeout: float = 2.0
+    policy: str = "adaptive"
+    config: str | None = None
+    compare: bool = False
+    prometheus_port: int | None = None
+    otlp_endpoint: str | None = None
+    simulated: bool = False
+    slow_node: int | None = None
+    delay_ms: int = 20
+    seed: int = 1
+    json: bool = False
+
+
+@define
+class RunReport:
+    """What one policy did during one run."""
+
+    policy: str
+    requests: int
+    throughput: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    errors: dict[str, int]
+    hosts: list[dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able."""
+        return {
+            "policy": self.policy,
+            "requests": self.requests,
+            "throughput": round(self.throughput, 1),
+            "p50_ms": round(self.p50_ms, 2),
+            "p95_ms": round(self.p95_ms, 2),
+            "p99_ms": round(self.p99_ms, 2),
+            "errors": self.errors,
+            "hosts": self.hosts,
+        }
+
+
+def _make_policy(kind: str, options: LoadtestOptions) -> Any:
+    from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+
+    child = TokenAwarePolicy(DCAwareRoundRobinPolicy(options.local_dc))
+    if kind == "stock":
+        return child
+    from adaptive_lb.config import Config
+    from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
+
+    config = Config()
+    if options.config:
+        from adaptive_lb.config import load_config
+
+        config = load_config(options.config)
+    return AdaptiveLoadBalancingPolicy(child, config)
+
+
+def _progress(label: str, err: TextIO, duration: float):
+    def show(elapsed: float, completed: int) -> None:
+        rate = completed / elapsed if elapsed > 0 else 0.0
+        err.write(
+            f"\r  {label:<9} {min(elapsed, duration):5.1f}/{duration:.0f}s "
+            f"{completed:>9,} requests {rate:>8,.0f} req/s"
+        )
+        err.flush()
+
+    return show
+
+
+def _one_run(
+    kind: str,
+    options: LoadtestOptions,
+    contact_points: list[str],
+    err: TextIO,
+    connect: Any,
+) -> RunReport:
+    from adaptive_lb.peers.load import closed_loop
+    from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
+    from adaptive_lb.tracking import instrument
+
+    policy = _make_policy(kind, options)
+    cluster, session = connect(contact_points, policy, port=options.port)
+    with ExitStack() as stack:
+        stack.callback(cluster.shutdown)
+        if isinstance(policy, AdaptiveLoadBalancingPolicy):
+            instrument(session)
+            if options.prometheus_port is not None:
+                from adaptive_lb.exporters import start_prometheus_server
+
+                start_prometheus_server(options.prometheus_port, policies=[policy])
+        query = options.query or ("SELECT release_version FROM system.local")
+        has_key = "?" in query
+        statement = session.prepare(query) if has_key else query
+        rng = random.Random(options.seed)
+        key_range = options.key_range
+
+        def make_statement(_i: int) -> tuple[Any, Any]:
+            return statement, ([rng.randrange(key_range)] if has_key else None)
+
+        result = closed_loop(
+            session,
+            make_statement,
+            options.concurrency,
+            options.duration,
+            timeout=options.timeout,
+            progress=_progress(kind, err, options.duration),
+        )
+        err.write("\n")
+        hosts = []
+        total = sum(result.attempts.values()) or 1
+        health = {}
+        if isinstance(policy, AdaptiveLoadBalancingPolicy):
+            health = {h.address: h for h in policy.snapshot().hosts}
+        for host in sorted(cluster.metadata.all_hosts(), key=lambda h: (h.datacenter, h.address)):
+            attempts = result.attempts.get(host.address, 0)
+            if not attempts and host.datacenter != options.local_dc:
+                continue
+            entry = {
+                "address": host.address,
+                "dc": host.datacenter,
+                "rack": host.rack,
+                "attempts": attempts,
+                "share": round(attempts / total, 4),
+            }
+            if host.address in health:
+                entry["health"] = health[host.address].health_state
+                entry["penalty"] = round(health[host.address].health_penalty, 2)
+            hosts.append(entry)
+        return RunReport(
+            policy=kind,
+            requests=result.requests,
+            throughput=result.requests / options.duration,
+            p50_ms=result.percentile(50) * 1000,
+            p95_ms=result.percentile(95) * 1000,
+            p99_ms=result.percentile(99) * 1000,
+            errors=dict(result.errors),
+            hosts=hosts,
+        )
+
+
+def _print_report(reports: list[RunReport], out: TextIO) -> None:
+    for report in reports:
+        out.write(
+            f"\n{report.policy}: {report.requests:,} requests ({report.throughput:,.0f}/s), "
+            f"p50 {report.p50_ms:.2f} ms, p95 {report.p95_ms:.2f} ms, "
+            f"p99 {report.p99_ms:.2f} ms, errors {sum(report.errors.values())}"
+            f"{' ' + str(report.errors) if report.errors else ''}\n"
+        )
+        out.write(f"  {'host':<18}{'dc':<6}{'rack':<6}{'attempts':>10}{'share':>9}  health\n")
+        for host in report.hosts:
+            health = host.get("health", "")
+            if health:
+                health = f"{health} (x{host['penalty']:g})"
+            out.write(
+                f"  {host['address']:<18}{host['dc']:<6}{host['rack'] or '':<6}"
+                f"{host['attempts']:>10,}{host['share']:>9.1%}  {health}\n"
+            )
+    if len(reports) == 2:
+        a, b = reports
+        out.write(f"\n  {'':<12}{a.policy:>12}{b.policy:>12}\n")
+        for label, x, y in (
+            ("throughput", f"{a.throughput:,.0f}/s", f"{b.throughput:,.0f}/s"),
+            ("p50", f"{a.p50_ms:.2f} ms", f"{b.p50_ms:.2f} ms"),
+            ("p95", f"{a.p95_ms:.2f} ms", f"{b.p95_ms:.2f} ms"),
+            ("p99", f"{a.p99_ms:.2f} ms", f"{b.p99_ms:.2f} ms"),
+            ("errors", str(sum(a.errors.values())), str(sum(b.errors.values()))),
+        ):
+            out.write(f"  {label:<12}{x:>12}{y:>12}\n")
+
+
+def run_loadtest(
+    options: LoadtestOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
+) -> list[RunReport]:
+    """Run the load test(s) and print the report; returns the reports."""
+    from adaptive_lb.peers.simulacron import connect_driver
+
+    kinds = ["stock", "adaptive"] if options.compare else [options.policy]
+    with ExitStack() as stack:
+        contact_points = list(options.contact_points)
+        if options.otlp_endpoint:
+            from adaptive_lb.config import OtlpConfig, TracingConfig
+            from adaptive_lb.exporters import setup_tracing
+
+            provider = setup_tracing(
+                TracingConfig(otlp=OtlpConfig(endpoint=options.otlp_endpoint, protocol="http"))
+            )
+            stack.callback(provider.shutdown)
+        if options.simulated:
+            contact_points = _start_simulated(options, stack, err)
+        if not contact_points:
+            raise SystemExit("give --contact-points, or --simulated")
+        reports = [_one_run(kind, options, contact_points, err, connect_driver) for kind in kinds]
+    if options.json:
+        out.write(json.dumps([r.as_dict() for r in reports], indent=2) + "\n")
+    else:
+        _print_report(reports, out)
+    return reports
+
+
+def _start_simulated(options: LoadtestOptions, stack: ExitStack, err: TextIO) -> list[str]:
+    from adaptive_lb.peers.simulacron import Simulacron, ensure_simulacron_jar
+
+    err.write("starting Simulacron (3 DCs x 3 nodes)...\n")
+    sim = Simulacron(ensure_simulacron_jar(), fine_timer=True)
+    sim.start()
+    stack.callback(sim.stop)
+    nodes = sim.create_cluster("loadtest", [["r1", "r2", "r3"]] * 3)
+    sim.prime_keyspace("ks", {"dc1": 2, "dc2": 2, "dc3": 2})
+    rows = {"rows": [{"v": 1}], "column_types": {"v": "int"}, "param_types": {"k": "int"}}
+    sim.prime(SIMULATED_QUERY, **rows)
+    options.local_dc = "dc1"
+    options.query = options.query or SIMULATED_QUERY
+    options.key_range = min(options.key_range, 100_000)
+    if options.slow_node is not None:
+        address = nodes["dc1"][options.slow_node - 1]
+        delay = options.delay_ms if sim.fine_timer else max(100, options.delay_ms)
+        sim.prime(SIMULATED_QUERY, **rows, delay_ms=delay, scope=sim.scope_of(address))
+        err.write(f"slow node: {address} (+{delay} ms)\n")
+    return [nodes["dc1"][0]]
+
+
+def add_subcommand(subparsers: Any) -> None:
+    """Register ``loadtest`` on an argparse subparsers object."""
+    parser = subparsers.add_parser(
+        "loadtest",
+        help="closed-loop load through the stock policy and/or adaptive-lb, compared",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--contact-points", default="", help="comma-separated addresses")
+    parser.add_argument("--port", type=int, default=9042)
+    parser.add_argument("--local-dc", default="dc1")
+    parser.add_argument("--query", help="a read with at most one ? (an int key)")
+    parser.add_argument("--key-range", type=int, default=100_000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per policy")
+    parser.add_argument("--timeout", type=float, default=2.0, help="request timeout, s")
+    parser.add_argument("--policy", choices=("stock", "adaptive"), default="adaptive")
+    parser.add_argument("--config", help="adaptive-lb YAML config (default: built-in)")
+    parser.add_argument("--compare", action="store_true", help="stock, then adaptive")
+    parser.add_argument("--prometheus-port", type=int, help="serve metrics on 127.0.0.1")
+    parser.add_argument("--otlp-endpoint", help="send decision traces (OTLP/HTTP)")
+    parser.add_argument("--simulated", action="store_true", help="start a Simulacron cluster")
+    parser.add_argument("--slow-node", type=int, help="with --simulated: dc1 node 1-3 slowed")
+    parser.add_argument("--delay", type=int, default=20, dest="delay_ms", help="ms added")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(handler=_handle)
+
+
+def _handle(args: argparse.Namespace) -> int:
+    options = LoadtestOptions(
+        contact_points=[c for c in args.contact_points.split(",") if c],
+        port=args.port,
+        local_dc=args.local_dc,
+        query=args.query,
+        key_range=args.key_range,
+        concurrency=args.concurrency,
+        duration=args.duration,
+        timeout=args.timeout,
+        policy=args.policy,
+        config=args.config,
+        compare=args.compare,
+        prometheus_port=args.prometheus_port,
+        otlp_endpoint=args.otlp_endpoint,
+        simulated=args.simulated,
+        slow_node=args.slow_node,
+        delay_ms=args.delay_ms,
+        seed=args.seed,
+        json=args.json,
+    )
+    run_loadtest(options)
+    return 0
