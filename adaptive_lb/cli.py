@@ -1,0 +1,110 @@
+"""The ``adaptive-lb`` command.
+
+    adaptive-lb bench                  plan throughput vs the stock policies
+    adaptive-lb loadtest ...           closed-loop load, stock vs adaptive (see --help)
+    adaptive-lb config validate FILE   every error of a config file, exit 1 if any
+    adaptive-lb config show [FILE]     the effective config (defaults filled in)
+    adaptive-lb config schema          JSON Schema of the config file, for editors
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+
+def _config_validate(args: argparse.Namespace) -> int:
+    from adaptive_lb.config import ConfigError, load_config
+
+    status = 0
+    for path in args.files:
+        try:
+            config = load_config(path)
+        except ConfigError as exc:
+            status = 1
+            print(f"{path}: {len(exc.errors)} error(s)")
+            for error in exc.errors:
+                print(f"  {error}")
+        else:
+            print(f"{path}: ok (hash {config.hash})")
+    return status
+
+
+def _config_show(args: argparse.Namespace) -> int:
+    from adaptive_lb.config import ConfigError, dump_config, load_config
+
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"# hash {config.hash}")
+    sys.stdout.write(dump_config(config))
+    return 0
+
+
+def _config_schema(args: argparse.Namespace) -> int:
+    from adaptive_lb.config import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from adaptive_lb.bench import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (one subcommand per job; each sets ``handler``)."""
+    parser = argparse.ArgumentParser(
+        prog="adaptive-lb",
+        description="Adaptive load balancing for the Cassandra / ScyllaDB Python drivers.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    bench = commands.add_parser(
+        "bench",
+        help="query-plan throughput vs the stock policies (writes benchmarks/results/)",
+        add_help=False,
+    )
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench.set_defaults(handler=_bench)
+
+    from adaptive_lb.loadtest import add_subcommand as add_loadtest
+
+    add_loadtest(commands)
+
+    try:
+        from adaptive_lb.sim.cli import add_subcommands as add_sim
+    except ImportError:
+        add_sim = None
+    if add_sim is not None:
+        add_sim(commands)
+
+    config = commands.add_parser("config", help="validate, show or describe a config file")
+    config_commands = config.add_subparsers(dest="config_command", required=True)
+    validate = config_commands.add_parser("validate", help="check config files")
+    validate.add_argument("files", nargs="+", metavar="FILE")
+    validate.set_defaults(handler=_config_validate)
+    show = config_commands.add_parser("show", help="print the effective config")
+    show.add_argument("file", nargs="?", metavar="FILE")
+    show.set_defaults(handler=_config_show)
+    schema = config_commands.add_parser("schema", help="print a JSON Schema of the file")
+    schema.set_defaults(handler=_config_schema)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args: Any = build_parser().parse_args(argv)
+    return int(args.handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
