@@ -490,6 +490,8 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                 self.health.reconfigure(config.health, window_s=config.tracking.window)
             if old.tracking != config.tracking:
                 self.stats.reconfigure(config.tracking)
+            if old.tracing != config.tracing or old.privacy != config.privacy:
+                self._configure_tracing(config)
             if self._resolver is not None and (
                 old.policy.replica_cache_size != config.policy.replica_cache_size
             ):

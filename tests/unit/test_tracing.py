@@ -1,0 +1,171 @@
+"""Decision tracing with the real OpenTelemetry SDK and its in-memory exporter."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import SimpleStatement
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
+from adaptive_lb.config import PrivacyConfig, TracingConfig
+from adaptive_lb.sim.cluster import build_cluster, murmur3_routing_keys
+from adaptive_lb.tracing import EVENT_NAME, SPAN_NAME, current_recording_span
+
+SENTINEL_KEY = b"\xde\xad\xbe\xef\x5e\x71\x11\x01"
+SENTINEL_TEXT = "SELECT secret_column_7731 FROM ks.t WHERE k = 'bound-value-4242'"
+
+
+@pytest.fixture
+def tracing():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def make_policy(provider, **tracing_kwargs):
+    model = build_cluster({"dc1": [2, 2, 2], "dc2": [3]}, real_cluster=False, seed=4)
+    config = Config(tracing=TracingConfig(**tracing_kwargs))
+    policy = AdaptiveLoadBalancingPolicy(
+        TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")), config, tracer_provider=provider
+    )
+    policy.populate(model.cluster, model.metadata.all_hosts())
+    return model, policy
+
+
+def statement(key=None):
+    key = key if key is not None else murmur3_routing_keys(1, seed=9)[0]
+    return SimpleStatement(SENTINEL_TEXT, routing_key=key, keyspace="ks")
+
+
+def test_decision_event_on_the_enclosing_span(tracing):
+    provider, exporter = tracing
+    model, policy = make_policy(provider)
+    tracer = provider.get_tracer("app")
+    stmt = statement()
+    with tracer.start_as_current_span("request"):
+        plan = list(policy.make_query_plan("ks", stmt))
+        list(policy.make_query_plan("ks", stmt))  # second: a cache hit
+    (span,) = exporter.get_finished_spans()
+    events = [e for e in span.events if e.name == EVENT_NAME]
+    assert len(events) == 2
+    first, second = (dict(e.attributes) for e in events)
+    replicas = [
+        h for h in model.metadata.get_replicas("ks", stmt.routing_key) if h.datacenter == "dc1"
+    ]
+    assert first["server.address"] == plan[0].address
+    assert first["server.port"] == 9042
+    assert first["db.namespace"] == "ks"
+    assert first["db.system.name"] == "cassandra"
+    assert first["adaptive_lb.position"] == "replica"
+    assert first["adaptive_lb.replica_count"] == len(replicas) == 3
+    assert first["adaptive_lb.replica_cache.hit"] is False
+    assert second["adaptive_lb.replica_cache.hit"] is True
+    assert first["adaptive_lb.plan_length"] == 6
+    assert first["adaptive_lb.config_hash"] == policy.config_hash
+    addresses = list(first["adaptive_lb.candidates.address"])
+    assert addresses[0] == plan[0].address and len(addresses) == 6
+    assert set(addresses[:3]) == {h.address for h in replicas}
+    assert list(first["adaptive_lb.candidates.replica"])[:3] == [True, True, True]
+    scores = list(first["adaptive_lb.candidates.score"])
+    assert scores == sorted(scores)
+    assert len(first["adaptive_lb.candidates.in_flight"]) == 6
+
+
+def test_child_span_mode(tracing):
+    provider, exporter = tracing
+    _, policy = make_policy(provider, mode="span")
+    with provider.get_tracer("app").start_as_current_span("request"):
+        list(policy.make_query_plan("ks", statement()))
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    child = spans[SPAN_NAME]
+    assert child.parent.span_id == spans["request"].context.span_id
+    assert child.attributes["adaptive_lb.position"] == "replica"
+
+
+def test_nothing_recorded_without_a_span_or_when_off(tracing):
+    provider, exporter = tracing
+    _, policy = make_policy(provider)
+    assert current_recording_span() is None
+    list(policy.make_query_plan("ks", statement()))
+    assert exporter.get_finished_spans() == ()
+    _, off = make_policy(provider, enabled=False)
+    with provider.get_tracer("app").start_as_current_span("request"):
+        list(off.make_query_plan("ks", statement()))
+    (span,) = exporter.get_finished_spans()
+    assert span.events == ()
+    assert off.internal_errors == 0
+
+
+def test_ratio_samples_decisions(tracing):
+    provider, exporter = tracing
+    _, policy = make_policy(provider, ratio=0.25)
+    with provider.get_tracer("app").start_as_current_span("request"):
+        for _ in range(4000):
+            list(policy.make_query_plan("ks", statement()))
+    (_span,) = exporter.get_finished_spans()
+    # The SDK keeps at most 128 events per span by default: count what the tracer recorded.
+    assert 800 < policy._tracer.recorded < 1200
+
+
+def test_health_transition_shows_on_the_next_decision_touching_the_host(tracing):
+    provider, exporter = tracing
+    model, policy = make_policy(provider)
+    stmt = statement()
+    replica = next(
+        h for h in model.metadata.get_replicas("ks", stmt.routing_key) if h.datacenter == "dc1"
+    )
+    policy.health.mark_up(replica, policy.stats.get(replica))
+    with provider.get_tracer("app").start_as_current_span("request"):
+        list(policy.make_query_plan("ks", stmt))
+        list(policy.make_query_plan("ks", stmt))
+    (span,) = exporter.get_finished_spans()
+    transitions = [e for e in span.events if e.name == "adaptive_lb.health_transition"]
+    assert len(transitions) == 1  # reported once
+    attributes = transitions[0].attributes
+    assert attributes["server.address"] == replica.address
+    assert attributes["adaptive_lb.health.to"] == "warming"
+    decision = next(e for e in span.events if e.name == EVENT_NAME).attributes
+    index = list(decision["adaptive_lb.candidates.address"]).index(replica.address)
+    assert decision["adaptive_lb.candidates.health"][index] == "warming"
+
+
+def test_privacy_by_default(tracing, caplog):
+    provider, exporter = tracing
+    caplog.set_level(logging.DEBUG)
+    _, policy = make_policy(provider)
+    stmt = statement(SENTINEL_KEY)
+    with provider.get_tracer("app").start_as_current_span("request"):
+        list(policy.make_query_plan("ks", stmt))
+    (span,) = exporter.get_finished_spans()
+    dumped = repr([dict(e.attributes) for e in span.events]) + repr(dict(span.attributes or {}))
+    dumped += "\n".join(r.getMessage() for r in caplog.records)
+    for secret in (
+        SENTINEL_KEY.hex(),
+        repr(SENTINEL_KEY),
+        "secret_column_7731",
+        "bound-value-4242",
+    ):
+        assert secret not in dumped
+    # Allowed explicitly, the routing key is recorded (hex).
+    _model, allowed = make_policy(provider)
+    allowed.reload(Config(privacy=PrivacyConfig(routing_keys=True)))
+    with provider.get_tracer("app").start_as_current_span("request2"):
+        list(allowed.make_query_plan("ks", stmt))
+    span = next(s for s in exporter.get_finished_spans() if s.name == "request2")
+    assert span.events[0].attributes["adaptive_lb.routing_key"] == SENTINEL_KEY.hex()
+
+
+def test_traced_plan_is_the_same_permutation(tracing):
+    provider, _ = tracing
+    model, policy = make_policy(provider)
+    with provider.get_tracer("app").start_as_current_span("request"):
+        for key in murmur3_routing_keys(200, seed=12):
+            plan = list(policy.make_query_plan("ks", statement(key)))
+            assert sorted(plan) == sorted(model.hosts_by_dc["dc1"])
+    assert policy.internal_errors == 0
