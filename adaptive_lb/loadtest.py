@@ -3,7 +3,7 @@
 
     adaptive-lb loadtest --simulated --slow-node 2 --delay 20 --compare
     adaptive-lb loadtest --contact-points 10.0.0.1 --local-dc dc1 \\
-        --keyspace app --query "SELECT * FROM app.users WHERE id = ?" --key-range 100000 \\
+        --query "SELECT * FROM app.users WHERE id = ?" --key-range 100000 \\
         --config adaptive-lb.yaml --compare
 
 ``--simulated`` starts Simulacron (fetched from Maven Central with ``mvn``; Java needed):
