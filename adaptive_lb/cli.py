@@ -1,10 +1,10 @@
 """The ``adaptive-lb`` command.
 
-    adaptive-lb bench                  plan throughput vs the stock policies
-    adaptive-lb loadtest ...           closed-loop load, stock vs adaptive (see --help)
-    adaptive-lb config validate FILE   every error of a config file, exit 1 if any
-    adaptive-lb config show [FILE]     the effective config (defaults filled in)
-    adaptive-lb config schema          JSON Schema of the config file, for editors
+adaptive-lb bench                  plan throughput vs the stock policies
+adaptive-lb loadtest ...           closed-loop load, stock vs adaptive (see --help)
+adaptive-lb config validate FILE   every error of a config file, exit 1 if any
+adaptive-lb config show [FILE]     the effective config (defaults filled in)
+adaptive-lb config schema          JSON Schema of the config file, for editors
 """
 
 from __future__ import annotations

@@ -1,0 +1,207 @@
+"""``adaptive-lb demo`` and ``adaptive-lb simulate SCENARIO.yaml``.
+
+The lead's ``adaptive_lb/cli.py`` calls :func:`add_subcommands` on its argparse
+subparsers; each command's handler (``args.handler(args)``) returns an exit code::
+
+    adaptive-lb demo                       # the default scenario set, tables + PNGs
+    adaptive-lb demo --scenario overload --requests 10000 --json
+    adaptive-lb simulate config/scenarios/gc-pause.yaml --seed 7 --out /tmp/gc
+
+Every (scenario, policy) pair runs on a worker process (``--jobs``, default one per CPU).
+Same ``--seed`` -> identical numbers (and byte-identical ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from adaptive_lb.config import ConfigError
+from adaptive_lb.sim.progress import ProgressBar
+from adaptive_lb.sim.report import (
+    ScenarioReport,
+    check_targets,
+    format_markdown,
+    format_table,
+    to_json,
+    write_plots,
+)
+from adaptive_lb.sim.runner import run_many
+from adaptive_lb.sim.scenario import POLICY_NAMES, Scenario, load_scenario, scenario_dir
+
+__all__ = ["DEMO_SCENARIOS", "add_subcommands", "main", "run_demo", "run_simulate"]
+
+DEMO_SCENARIOS = (
+    "local-one",
+    "local-quorum",
+    "slow-coordinator",
+    "gc-pause",
+    "node-restart",
+    "overload",
+    "one-loaded-node",
+    "fast-failing-node",
+    "hot-partition",
+)
+"""The scenarios ``adaptive-lb demo`` runs, from ``config/scenarios/<name>.yaml``."""
+
+
+def _common(parser: argparse.ArgumentParser, default_out: str) -> None:
+    parser.add_argument(
+        "--seed", type=int, default=None, help="seed for every scenario (default: each one's)"
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="measured requests per policy (default: each scenario's)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument(
+        "--out",
+        default=default_out,
+        metavar="DIR",
+        help=f"folder for results.json, results.md and PNG plots (default: {default_out})",
+    )
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="worker processes (default: one per CPU)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_subcommands(subparsers: Any) -> None:
+    """Register ``demo`` and ``simulate`` on an argparse subparsers object."""
+    demo = subparsers.add_parser(
+        "demo",
+        help="simulate the default scenario set under every policy and compare",
+        description=(
+            "Run the discrete-event cluster simulator (real driver policy objects on a "
+            "virtual clock) over the default scenarios and print one table per scenario."
+        ),
+    )
+    _common(demo, "adaptive-lb-demo")
+    demo.add_argument(
+        "--scenario",
+        action="append",
+        choices=DEMO_SCENARIOS,
+        help="run only this scenario (repeatable)",
+    )
+    demo.add_argument(
+        "--scenarios-dir", default=None, metavar="DIR", help="where the scenario files are"
+    )
+    demo.set_defaults(handler=run_demo)
+
+    simulate = subparsers.add_parser(
+        "simulate",
+        help="simulate one scenario file under every policy and compare",
+        description="Run one scenario (YAML, see config/scenarios/) and print its table.",
+    )
+    simulate.add_argument("scenario_file", metavar="SCENARIO.yaml")
+    _common(simulate, "adaptive-lb-simulate")
+    simulate.add_argument(
+        "--policy",
+        action="append",
+        choices=POLICY_NAMES,
+        help="run only this policy (repeatable; default: the scenario's list)",
+    )
+    simulate.set_defaults(handler=run_simulate)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Handler of ``adaptive-lb demo``."""
+    directory = Path(args.scenarios_dir) if args.scenarios_dir else scenario_dir()
+    if directory is None:
+        print(
+            "adaptive-lb demo: config/scenarios not found; run it from the repository or "
+            "pass --scenarios-dir",
+            file=sys.stderr,
+        )
+        return 2
+    names = args.scenario or list(DEMO_SCENARIOS)
+    scenarios = []
+    try:
+        for name in names:
+            scenarios.append(load_scenario(directory / f"{name}.yaml"))
+    except ConfigError as exc:
+        print(f"adaptive-lb demo: {exc}", file=sys.stderr)
+        return 2
+    return _run(scenarios, args)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    """Handler of ``adaptive-lb simulate``."""
+    try:
+        scenario = load_scenario(args.scenario_file)
+    except ConfigError as exc:
+        print(f"adaptive-lb simulate: {exc}", file=sys.stderr)
+        return 2
+    if args.policy:
+        scenario = attrs.evolve(scenario, policies=list(args.policy))
+    return _run([scenario], args)
+
+
+def _run(scenarios: list[Scenario], args: argparse.Namespace) -> int:
+    if args.requests is not None and args.requests < 1:
+        print("--requests must be >= 1", file=sys.stderr)
+        return 2
+    jobs = [(scenario, policy) for scenario in scenarios for policy in scenario.policies]
+    bar = None if args.quiet else ProgressBar(len(jobs))
+
+    def done(scenario: Scenario, policy: str, result: Any) -> None:
+        if bar is not None:
+            bar.step(f"{scenario.name}/{policy} ({result.wall_s:.1f}s)")
+
+    results = run_many(
+        jobs, seed=args.seed, requests=args.requests, workers=args.jobs, on_done=done
+    )
+    reports = []
+    index = 0
+    for scenario in scenarios:
+        count = len(scenario.policies)
+        if args.requests is not None:
+            scenario = attrs.evolve(scenario, requests=args.requests)
+        seed = args.seed if args.seed is not None else scenario.seed
+        reports.append(ScenarioReport(scenario, seed, results[index : index + count]))
+        index += count
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    document = to_json(reports)
+    (out / "results.json").write_text(document, encoding="utf-8")
+    markdown = []
+    notes = []
+    for report in reports:
+        markdown.append(f"### {report.scenario.name} (seed {report.seed})\n")
+        markdown.append(format_markdown(report) + "\n")
+        if not args.no_plots:
+            written = write_plots(report, out)
+            if isinstance(written, str) and written not in notes:
+                notes.append(written)
+    (out / "results.md").write_text("\n".join(markdown), encoding="utf-8")
+
+    if args.json:
+        sys.stdout.write(document)
+    else:
+        for report in reports:
+            print(format_table(report))
+            for check in check_targets(report):
+                mark = "met   " if check.met else "MISSED"
+                print(f"   target {mark} {check.target}: {check.detail}")
+            print()
+        print(f"results: {out / 'results.json'}, {out / 'results.md'}")
+    for note in notes:
+        print(note, file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m adaptive_lb.sim demo|simulate ...`` (the same commands, standalone)."""
+    parser = argparse.ArgumentParser(prog="python -m adaptive_lb.sim")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_subcommands(subparsers)
+    args = parser.parse_args(argv)
+    return args.handler(args)

@@ -1,0 +1,222 @@
+"""The cluster simulator: queueing, network, pauses, determinism, scenario validation."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from adaptive_lb.config import ConfigError
+from adaptive_lb.sim.cli import DEMO_SCENARIOS, main
+from adaptive_lb.sim.engine import Engine
+from adaptive_lb.sim.metrics import Recorder
+from adaptive_lb.sim.model import Node
+from adaptive_lb.sim.policies import NoFeedback
+from adaptive_lb.sim.report import ScenarioReport, to_json
+from adaptive_lb.sim.runner import run_policy, setup
+from adaptive_lb.sim.scenario import NodesSpec, load_scenario, parse_scenario
+from adaptive_lb.sim.workload import Client
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "config" / "scenarios"
+MS = 1_000_000
+
+
+class _ExpNode(Node):
+    """A node with exponential service times (for the M/M/1 check)."""
+
+    __slots__ = ("mean_ns",)
+
+    def service_ns(self, coordinate: bool, read: bool, t: int) -> int:
+        return int(self.rng.expovariate(1.0) * self.mean_ns)
+
+
+def test_mm1_mean_response_time() -> None:
+    engine = Engine()
+    node = _ExpNode(0, "A/0", None, "A", "dc1", NodesSpec(workers=1), engine, random.Random(3))
+    node.mean_ns = 1 * MS  # mu = 1000 / s
+    rate = 600.0  # lambda
+    arrivals = random.Random(4)
+    responses: list[int] = []
+    count = 60_000
+
+    def done(started: int) -> None:
+        responses.append(engine.now - started)
+
+    def arrive(i: int) -> None:
+        node.submit(False, True, done, engine.now)
+        if i < count:
+            engine.after(int(arrivals.expovariate(rate) * 1e9), arrive, i + 1)
+
+    engine.at(0, arrive, 1)
+    engine.run()
+    warm = responses[2000:]
+    mean_s = sum(warm) / len(warm) / 1e9
+    expected = 1.0 / (1000.0 - rate)
+    assert abs(mean_s - expected) / expected < 0.05, (mean_s, expected)
+
+
+class _FixedPlan:
+    """A policy stub whose plan is one given host."""
+
+    def __init__(self, host: object) -> None:
+        self.host = host
+
+    def make_query_plan(self, keyspace: object = None, query: object = None):
+        return iter([self.host])
+
+
+def _exact_scenario(consistency: str = "LOCAL_ONE"):
+    return parse_scenario(
+        {
+            "name": "exact",
+            "network": {"jitter": 0.0},
+            "nodes": {"service_median_us": 0.001, "service_sigma": 0.0, "coordinator_us": 0},
+            "workload": {"consistency": consistency},
+        }
+    )
+
+
+@pytest.mark.parametrize("as_replica", [True, False])
+def test_pure_latency_path_returns_matrix_values(as_replica: bool) -> None:
+    scenario = _exact_scenario()
+    sim = setup(scenario, seed=5)
+    key = 17
+    replicas = sim.cluster.replicas(key)
+    zone_b = [n for n in sim.nodes if n.zone == "B"]
+    if as_replica:
+        coordinator = next(n for n in zone_b if n in replicas)
+    else:
+        coordinator = next(n for n in zone_b if n not in replicas)
+    recorder = Recorder(len(sim.nodes))
+    client = Client(
+        "A-0",
+        "A",
+        _FixedPlan(coordinator.host),
+        NoFeedback(),
+        sim.cluster,
+        sim.statements,
+        recorder,
+        scenario.workload,
+    )
+    client.start(key, measured=True)
+    sim.engine.run()
+    matrix = scenario.network.matrix()
+    expected_us = matrix["A"]["B"] + matrix["B"]["A"]
+    if not as_replica:
+        # Forwarded to the closest replica: zone B's own (B -> B 220 us).
+        replica_zone = min((n.zone for n in replicas), key=lambda z: matrix["B"][z])
+        assert replica_zone == "B"
+        expected_us += matrix["B"][replica_zone] + matrix[replica_zone]["B"]
+    assert list(recorder.latency_ns) == [pytest.approx(expected_us * 1000, abs=5)]
+
+
+def test_paused_node_makes_no_progress_during_its_pause() -> None:
+    engine = Engine()
+    spec = NodesSpec(workers=2, service_median_us=2000, service_sigma=0.0, coordinator_us=0)
+    node = Node(0, "A/0", None, "A", "dc1", spec, engine, random.Random(1))
+    node.pauses = [(1 * MS, 21 * MS)]
+    finished: list[tuple[str, int]] = []
+
+    def done(name: str) -> None:
+        finished.append((name, engine.now))
+
+    engine.at(0, lambda _: node.submit(False, True, done, "before"))
+    engine.at(5 * MS, lambda _: node.submit(False, True, done, "during"))
+    engine.run()
+    # 1 ms done before the pause, the other 1 ms after it; the second starts at its end.
+    assert finished == [("before", 22 * MS), ("during", 23 * MS)]
+    assert node.finish_time(0, 2 * MS) == 22 * MS
+    assert node.resume_time(10 * MS) == 21 * MS
+    assert node.resume_time(30 * MS) == 30 * MS
+
+
+def _small(seed: int) -> str:
+    scenario = load_scenario(SCENARIOS / "fast-failing-node.yaml")
+    results = [
+        run_policy(scenario, policy, seed=seed, requests=1500)
+        for policy in ("adaptive", "slow-replica")
+    ]
+    return to_json([ScenarioReport(scenario, seed, results)])
+
+
+def test_same_seed_same_bytes_different_seed_different_numbers() -> None:
+    first = _small(11)
+    assert first == _small(11)
+    other = json.loads(_small(12))["scenarios"][0]["results"]
+    mine = json.loads(first)["scenarios"][0]["results"]
+    assert [r["p50_ms"] for r in mine] != [r["p50_ms"] for r in other]
+
+
+def test_fast_errors_reach_adaptive_lb_as_fast_errors() -> None:
+    scenario = load_scenario(SCENARIOS / "fast-failing-node.yaml")
+    result = run_policy(scenario, "adaptive", requests=3000)
+    # Errors are retried on the next host: the client sees none, the node gets few.
+    assert result.summary["errors"] == 0.0
+    hosts = result.summary["attempts_by_host"]
+    assert hosts["A/1"] < sum(hosts.values()) / len(hosts)
+
+
+def test_every_shipped_scenario_validates() -> None:
+    files = sorted(SCENARIOS.glob("*.yaml"))
+    assert {f.stem for f in files} >= set(DEMO_SCENARIOS)
+    for path in files:
+        scenario = load_scenario(path)
+        assert scenario.name == path.stem
+
+
+def test_bad_scenario_reports_every_error_with_its_key_path() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_scenario(
+            {
+                "name": "bad",
+                "nodes": {"workers": 0, "colour": "red"},
+                "workload": {"mode": "bogus", "keys": {"distribution": "normal"}},
+                "faults": [{"kind": "slow", "node": "Z/9"}, {"kind": "pause", "pause_s": 60}],
+                "adaptive_lb": {"health": {"outlier_factor": 0.5}},
+            },
+            source="bad.yaml",
+        )
+    text = "\n".join(info.value.errors)
+    for path in (
+        "nodes.workers",
+        "nodes.colour",
+        "workload.mode",
+        "workload.keys.distribution",
+        "faults[1].node: required",
+        "adaptive_lb.health.outlier_factor",
+    ):
+        assert path in text, (path, text)
+    assert str(info.value).startswith("bad.yaml: ")
+    with pytest.raises(ConfigError, match=r"faults\[0\]\.node"):
+        parse_scenario({"name": "bad", "faults": [{"kind": "slow", "node": "Z/9"}]})
+
+
+def test_simulate_command_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "simulate",
+            str(SCENARIOS / "local-one.yaml"),
+            "--requests",
+            "400",
+            "--policy",
+            "adaptive",
+            "--policy",
+            "token-aware",
+            "--json",
+            "--no-plots",
+            "--quiet",
+            "--jobs",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    document = json.loads(capsys.readouterr().out)
+    results = document["scenarios"][0]["results"]
+    assert [r["policy"] for r in results] == ["adaptive", "token-aware"]
+    assert (tmp_path / "results.json").read_text() == json.dumps(
+        document, indent=2, sort_keys=True
+    ) + "\n"
