@@ -97,6 +97,7 @@ class HostStats:
         "requests_total",
         "timeouts_total",
         "underflows",
+        "unsent_total",
     )
 
     def __init__(self, config: TrackingConfig, clock: Clock) -> None:
@@ -112,6 +113,9 @@ class HostStats:
         self.timeouts_total = 0
         self.abandons_total = 0
         """Attempts released without an outcome (superseded, shutdown)."""
+        self.unsent_total = 0
+        """Attempts counted in flight that the driver then could not write (no connection
+        available): released, and not requests the host ever saw."""
         self.underflows = 0
         """Releases that found nothing in flight: a tracking bug if ever non-zero."""
         self._lock = threading.Lock()
@@ -178,6 +182,12 @@ class HostStats:
             self.requests_total += 1
             self.timeouts_total += 1
             self._record(latency_ns)
+
+    def on_unsent(self) -> None:
+        """The attempt counted by :meth:`on_send` was never written to the host."""
+        with self._lock:
+            self._release()
+            self.unsent_total += 1
 
     def on_abandon(self) -> None:
         """The attempt is released without an outcome (another attempt won, or shutdown)."""

@@ -102,7 +102,7 @@ class _Attempts:
     def not_sent(self, host: Any, _token: Any) -> None:
         released = self._take(host)
         if released is not None:
-            released[0].on_abandon()
+            released[0].on_unsent()
 
     def _take(self, host: Any) -> tuple[Any, int] | None:
         with self._lock:

@@ -113,7 +113,9 @@ def test_not_sent_attempt_is_released():
     attempts = _Attempts(policy)
     token = attempts.sent(model.hosts[0])
     attempts.not_sent(model.hosts[0], token)
-    assert policy.stats.get(model.hosts[0]).in_flight == 0
+    stats = policy.stats.get(model.hosts[0])
+    assert stats.in_flight == 0
+    assert (stats.unsent_total, stats.abandons_total, stats.requests_total) == (1, 0, 0)
 
 
 def test_shutdown_releases_everything_in_flight():
