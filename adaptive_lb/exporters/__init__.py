@@ -1,6 +1,13 @@
-"""What adaptive-lb's numbers are exported through: a Prometheus collector computed at
-scrape time, and (see :mod:`adaptive_lb.exporters.prometheus`) an HTTP endpoint for it."""
+"""Where adaptive-lb's numbers go: a Prometheus collector computed at scrape time and its
+HTTP endpoint (:mod:`~adaptive_lb.exporters.prometheus`), and OTLP span export that never
+blocks a request (:mod:`~adaptive_lb.exporters.otlp`)."""
 
+from adaptive_lb.exporters.otlp import BoundedSpanProcessor, setup_tracing
 from adaptive_lb.exporters.prometheus import AdaptiveLbCollector, start_prometheus_server
 
-__all__ = ["AdaptiveLbCollector", "start_prometheus_server"]
+__all__ = [
+    "AdaptiveLbCollector",
+    "BoundedSpanProcessor",
+    "setup_tracing",
+    "start_prometheus_server",
+]
