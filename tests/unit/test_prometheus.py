@@ -95,3 +95,43 @@ def test_scrape_matches_the_snapshot():
     assert hits == snapshot.replica_cache_misses == 20
     info = families["adaptive_lb_config_info"].samples[0]
     assert info.labels["hash"] == policy.config_hash
+
+
+def test_otel_observable_instruments_match_the_snapshot():
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from adaptive_lb.exporters import register_otel_metrics
+
+    model = build_cluster({"dc1": [2, 2, 2]}, real_cluster=False, seed=2)
+    policy = AdaptiveLoadBalancingPolicy(DCAwareRoundRobinPolicy("dc1"))
+    policy.populate(model.cluster, model.metadata.all_hosts())
+    for i, host in enumerate(model.hosts):
+        stats = policy.stats.get(host)
+        for _ in range(i + 1):
+            stats.on_send()
+            stats.on_success(MS)
+        stats.on_send()
+    policy.refresh_health()
+    reader = InMemoryMetricReader()
+    register_otel_metrics(policy, MeterProvider(metric_readers=[reader]))
+    data = reader.get_metrics_data()
+    metrics = {
+        m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+    }
+    in_flight = {
+        p.attributes["server.address"]: p.value
+        for p in metrics["adaptive_lb.host.in_flight"].data.data_points
+    }
+    assert in_flight == {h.address: 1 for h in model.hosts}
+    requests = {
+        p.attributes["server.address"]: p.value
+        for p in metrics["adaptive_lb.host.requests"].data.data_points
+    }
+    assert requests == {h.address: i + 1 for i, h in enumerate(model.hosts)}
+    latency = [
+        p
+        for p in metrics["adaptive_lb.host.latency"].data.data_points
+        if p.attributes["quantile"] == "0.99"
+    ]
+    assert len(latency) == len(model.hosts)
