@@ -37,7 +37,8 @@ def test_scrape_matches_the_snapshot():
         policy.stats.get(slow).on_send()
         policy.stats.get(slow).on_success(80 * MS)
     policy.refresh_health()
-    for key in murmur3_routing_keys(20):
+    keys = murmur3_routing_keys(20)
+    for key in keys:
         list(policy.make_query_plan("ks", SimpleStatement("q", routing_key=key, keyspace="ks")))
 
     registry = CollectorRegistry()
@@ -49,6 +50,10 @@ def test_scrape_matches_the_snapshot():
     finally:
         server.shutdown()
         server.server_close()
+    # Privacy: no routing key (raw or hex) and no statement text in any metric or label.
+    for key in keys:
+        assert key.hex() not in text and repr(key) not in text
+    assert '"q"' not in text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     snapshot = policy.snapshot()
     by_address = {h.address: h for h in snapshot.hosts}
