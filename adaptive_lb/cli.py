@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 __all__ = ["build_parser", "main"]
 
 
-def _config_validate(args: argparse.Namespace) -> int:
+def _config_validate(files: list[str]) -> int:
     from adaptive_lb.config import ConfigError, load_config
 
     status = 0
-    for path in args.files:
+    for path in files:
         try:
             config = load_config(path)
         except ConfigError as exc:
@@ -34,24 +35,52 @@ def _config_validate(args: argparse.Namespace) -> int:
     return status
 
 
-def _config_show(args: argparse.Namespace) -> int:
-    from adaptive_lb.config import ConfigError, dump_config, load_config
+def _config_show(file: str | None) -> int:
+    from adaptive_lb.config import ENV_VAR, ConfigError, dump_config, load_config
 
     try:
-        config = load_config(args.file)
+        config = load_config(file)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
-    print(f"# hash {config.hash}")
+    source = file or os.environ.get(ENV_VAR) or "defaults"
+    print(f"# effective adaptive-lb config from {source}, defaults filled in; hash {config.hash}")
     sys.stdout.write(dump_config(config))
     return 0
 
 
-def _config_schema(args: argparse.Namespace) -> int:
+def _config_schema() -> int:
     from adaptive_lb.config import json_schema
 
     print(json.dumps(json_schema(), indent=2))
     return 0
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    """``adaptive-lb config validate|show|schema``."""
+    if args.config_command == "validate":
+        return _config_validate(args.files)
+    if args.config_command == "show":
+        return _config_show(args.file)
+    return _config_schema()
+
+
+def _add_config_commands(commands: Any) -> None:
+    """Register ``config validate FILE...``, ``config show [FILE]`` and ``config schema``."""
+    config = commands.add_parser("config", help="validate, show or describe a config file")
+    config.set_defaults(handler=_cmd_config)
+    config_commands = config.add_subparsers(dest="config_command", required=True)
+    validate = config_commands.add_parser(
+        "validate", help="check config files: every error, exit status 1 if any"
+    )
+    validate.add_argument("files", nargs="+", metavar="FILE")
+    config_commands.add_parser("show", help="print the effective config as YAML").add_argument(
+        "file",
+        nargs="?",
+        metavar="FILE",
+        help="default: the file $ADAPTIVE_LB_CONFIG names, else the built-in defaults",
+    )
+    config_commands.add_parser("schema", help="print a JSON Schema (2020-12) of the file")
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -87,16 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     if add_sim is not None:
         add_sim(commands)
 
-    config = commands.add_parser("config", help="validate, show or describe a config file")
-    config_commands = config.add_subparsers(dest="config_command", required=True)
-    validate = config_commands.add_parser("validate", help="check config files")
-    validate.add_argument("files", nargs="+", metavar="FILE")
-    validate.set_defaults(handler=_config_validate)
-    show = config_commands.add_parser("show", help="print the effective config")
-    show.add_argument("file", nargs="?", metavar="FILE")
-    show.set_defaults(handler=_config_show)
-    schema = config_commands.add_parser("schema", help="print a JSON Schema of the file")
-    schema.set_defaults(handler=_config_schema)
+    _add_config_commands(commands)
     return parser
 
 
