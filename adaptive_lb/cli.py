@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["build_parser", "main"]
@@ -83,10 +84,20 @@ def _add_config_commands(commands: Any) -> None:
     config_commands.add_parser("schema", help="print a JSON Schema (2020-12) of the file")
 
 
-def _bench(args: argparse.Namespace) -> int:
+def _run_bench(argv: list[str]) -> int:
+    """``adaptive-lb bench ...``: everything after ``bench`` goes to the benchmark's parser."""
     from adaptive_lb.bench import main as bench_main
 
-    return bench_main(args.bench_args)
+    return int(bench_main(argv) or 0)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    return _run_bench(args.bench_args)
+
+
+_FORWARDED: dict[str, Callable[[list[str]], int]] = {"bench": _run_bench}
+"""Subcommands with a parser of their own: they get their arguments untouched (argparse's
+REMAINDER drops options that come first, e.g. ``bench --plans 5``: bpo-17050)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    forwarded = _FORWARDED.get(argv[0]) if argv else None
+    if forwarded is not None:
+        return forwarded(argv[1:])
     args: Any = build_parser().parse_args(argv)
     return int(args.handler(args) or 0)
 

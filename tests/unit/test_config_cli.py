@@ -114,3 +114,24 @@ def test_module_runs_without_installation(tmp_path):
     )
     assert failed.returncode == 1
     assert "policy.sample_size: must be <= 64, got 100 (line 2)" in failed.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--plans", "5", "--repeats", "1", "--skip-1000"],
+        ["--keys", "10", "--out", "some/dir"],
+    ],
+)
+def test_bench_forwards_its_arguments_untouched(argv, monkeypatch):
+    import adaptive_lb.bench
+
+    received = []
+    monkeypatch.setattr(adaptive_lb.bench, "main", lambda args: received.append(args) or 0)
+    assert main(["bench", *argv]) == 0
+    assert received == [argv]
+    # Through the parser too (``args.handler``), for callers that parse first.
+    args = build_parser().parse_args(["bench"])
+    assert args.handler(args) == 0
+    assert received[-1] == []
