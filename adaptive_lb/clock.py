@@ -27,9 +27,9 @@ class MonotonicClock:
 
     __slots__ = ()
 
-    def now_ns(self) -> int:
-        """Return :func:`time.monotonic_ns`."""
-        return time.monotonic_ns()
+    # The builtin itself rather than a method calling it: read on every request, where the
+    # extra Python frame costs ~0.15 us.
+    now_ns = staticmethod(time.monotonic_ns)
 
 
 class ManualClock:

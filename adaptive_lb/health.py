@@ -1,36 +1,55 @@
 """Health model: turns each host's statistics window into a state and a score penalty.
 
+No driver import: hosts are plain keys. :func:`assess` is a pure function of the previous
+verdict, the window and the peers' median; :class:`HealthModel` applies it to every host
+every ``refresh_interval`` and publishes the result on the host's
+:class:`~adaptive_lb.stats.HostStats` (``health_penalty``, ``health_state``), which the
+policy's hot path reads without a lock. Percentiles are computed only here, never per
+request.
+
 States (:class:`HealthState`):
 
 * HEALTHY -- penalty ``penalties.healthy`` (1).
 * SLOW -- its latency at ``percentile`` is above ``outlier_factor`` x the median of the
-  same percentile among its peers (the other hosts of its datacenter) *and* above
-  ``slow_floor``, over at least ``min_samples`` samples. Penalty ``penalties.slow``.
+  same percentile among its peers (the *other* hosts of its group, e.g. its datacenter,
+  that have ``min_samples``) *and* above ``slow_floor``, over at least ``min_samples``
+  samples. Penalty ``penalties.slow``. A host without peers that have data cannot be
+  judged SLOW: there is nothing to be an outlier against.
 * ERRORING -- (errors + timeouts) / requests above ``error_rate`` over at least
   ``min_samples`` requests. Wins over SLOW. Penalty ``penalties.erroring``. Fast errors
   never enter the latency histogram (see :mod:`adaptive_lb.stats`), so a node failing fast
   is caught here and never looks fast.
-* WARMING -- the host came back (up again, or recovered from SLOW / ERRORING). Its penalty
-  decays from ``penalties.warming`` to 1 over ``slow_start`` seconds so that the share of
-  traffic it gets (about 1 / penalty) ramps up *linearly*; then HEALTHY.
+* WARMING -- the host came back (up again: :meth:`HealthModel.mark_up`, or recovered from
+  SLOW / ERRORING). Its penalty decays from ``penalties.warming`` to ``penalties.healthy``
+  (1) over ``slow_start`` seconds so that the share of traffic it gets, about 1 / penalty,
+  ramps up *linearly* (:func:`warming_penalty`); then HEALTHY. ``slow_start`` 0 skips it.
 
-Hysteresis: entering SLOW or ERRORING is immediate (from HEALTHY or WARMING); leaving
-them needs ``min_state_duration`` in the state and numbers below ``recovery_factor`` x the
-entry threshold. A penalised host gets little traffic, so its window may run short of
-samples: once a whole window has passed in the state without ``min_samples`` of fresh
-evidence, it moves to WARMING, which ramps traffic back and gathers that evidence (if it is
-still bad, it goes straight back).
+Quick to protect, slow to forgive:
 
-Percentiles are computed only in :meth:`HealthModel.refresh` (every ``refresh_interval``),
-never per request.
+* Getting worse is immediate: HEALTHY or WARMING -> SLOW / ERRORING, and SLOW -> ERRORING,
+  at the first refresh that shows it.
+* Getting better needs ``min_state_duration`` in the state (no state other than HEALTHY is
+  left sooner) *and* numbers clearly back to normal: SLOW is left when the latency is below
+  ``recovery_factor`` x the entry threshold (``outlier_factor`` x peer median, or the floor
+  if higher), ERRORING when the error rate is below ``recovery_factor`` x ``error_rate``.
+  Leaving either goes to WARMING (or to the other bad state if the host is in it).
+  HEALTHY is only reached from WARMING, after ``max(slow_start, min_state_duration)``, so
+  a host cannot flap between penalised and not penalised faster than that.
+* No evidence is not evidence of recovery: with fewer than ``min_samples`` (samples for
+  SLOW, requests for ERRORING) a bad state holds -- but a penalised host gets little
+  traffic, so once a whole window has passed in the state without enough fresh evidence,
+  it moves to WARMING ("probing"): traffic ramps back, evidence comes in, and if it is
+  still bad it goes straight back. A SLOW host whose peers have no data any more also
+  moves to WARMING (it is no longer an outlier of anything).
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import statistics
 import threading
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from attrs import define
@@ -53,7 +72,8 @@ __all__ = [
 log = logging.getLogger("adaptive_lb.health")
 
 _NS = 1_000_000_000
-_BAD = (HealthState.SLOW, HealthState.ERRORING)
+_REPORTED_PERCENTILES = (50.0, 95.0, 99.0)
+"""Percentiles computed at each refresh besides the configured one (snapshots, exporters)."""
 
 
 @define(frozen=True, slots=True)
@@ -62,25 +82,31 @@ class HostHealth:
 
     state: HealthState
     since_ns: int
-    """When the host entered ``state``."""
+    """When the host entered ``state`` (clock nanoseconds)."""
     penalty: float
+    """Score multiplier the policy applies to the host."""
     reason: str = ""
+    """Why the host is in ``state``, with the numbers, for logs, traces and snapshots."""
     latency: float | None = None
-    """Seconds at the configured percentile over the window."""
+    """Seconds at the configured percentile over the window (None: no sample)."""
     peer_median: float | None = None
-    """Median of the peers' latency at the same percentile, seconds."""
+    """Median of the peers' latency at the same percentile, seconds (None: no peer data)."""
     error_rate: float = 0.0
+    """(errors + timeouts) / requests over the window."""
     samples: int = 0
+    """Latency samples in the window."""
     requests: int = 0
+    """Requests with an outcome in the window."""
 
     @classmethod
-    def healthy(cls, now_ns: int, config: HealthConfig) -> HostHealth:
-        """The verdict for a host nothing is known about."""
+    def initial(cls, now_ns: int, config: HealthConfig) -> HostHealth:
+        """The verdict for a host nothing is known about yet: HEALTHY."""
         return cls(HealthState.HEALTHY, now_ns, config.penalties.healthy, "no evidence yet")
 
     @classmethod
     def warming(cls, now_ns: int, config: HealthConfig, reason: str) -> HostHealth:
-        """A host that has just come back."""
+        """A host that has just come back: WARMING from ``now_ns`` (HEALTHY if
+        ``slow_start`` is 0)."""
         if config.slow_start <= 0:
             return cls(HealthState.HEALTHY, now_ns, config.penalties.healthy, reason)
         return cls(HealthState.WARMING, now_ns, config.penalties.warming, reason)
@@ -95,21 +121,39 @@ class HealthTransition:
     new: HostHealth
 
 
-def warming_penalty(start: float, elapsed_s: float, slow_start: float) -> float:
-    """Penalty of a WARMING host ``elapsed_s`` after it came back: the traffic weight
-    1 / penalty grows linearly from 1 / ``start`` to 1 over ``slow_start`` seconds.
-    Monotone non-increasing, exactly 1.0 from ``slow_start`` on."""
-    if slow_start <= 0 or elapsed_s >= slow_start or start <= 1.0:
-        return 1.0
+def warming_penalty(start: float, elapsed_s: float, slow_start: float, end: float = 1.0) -> float:
+    """Penalty of a WARMING host ``elapsed_s`` after it came back: its traffic weight
+    1 / penalty grows linearly from 1 / ``start`` to 1 / ``end`` over ``slow_start``
+    seconds. Monotone non-increasing in ``elapsed_s``, exactly ``end`` from ``slow_start``
+    on (and at once when ``start <= end``)."""
+    if slow_start <= 0 or elapsed_s >= slow_start or start <= end:
+        return end
     progress = max(0.0, elapsed_s) / slow_start
-    weight = 1.0 / start + (1.0 - 1.0 / start) * progress
-    return max(1.0, 1.0 / weight)
+    weight = 1.0 / start + (1.0 / end - 1.0 / start) * progress
+    return min(start, max(end, 1.0 / weight))  # 1 / (1 / start) may round above start
 
 
 def peer_median(values: Iterable[float | None]) -> float | None:
-    """Median of the known values (None ignored), or None if there are none."""
+    """Median of the peers' latencies (None values ignored), or None if there are none."""
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
+
+
+def _median_without(ordered: Sequence[float], value: float) -> float | None:
+    """``peer_median`` of ``ordered`` (sorted) minus one occurrence of ``value`` (which it
+    holds), in O(log n): a refresh of a large datacenter stays linear."""
+    remaining = len(ordered) - 1
+    if remaining <= 0:
+        return None
+    removed = bisect.bisect_left(ordered, value)
+
+    def at(position: int) -> float:
+        return ordered[position if position < removed else position + 1]
+
+    middle = remaining // 2
+    if remaining % 2:
+        return at(middle)
+    return (at(middle - 1) + at(middle)) / 2
 
 
 def _ms(seconds: float | None) -> str:
@@ -119,97 +163,140 @@ def _ms(seconds: float | None) -> str:
 def assess(
     previous: HostHealth,
     window: WindowStats,
-    peers: float | None,
+    peer_median: float | None,
     config: HealthConfig,
     now_ns: int,
     window_s: float = 10.0,
 ) -> HostHealth:
-    """The next verdict for a host (pure function; see the module docstring for the rules).
+    """The next verdict for a host; a pure function (see the module docstring for the
+    rules).
 
-    ``peers`` is the median latency of the host's peers at ``config.percentile`` (None when
-    no peer has enough samples: then nobody can be SLOW). ``window_s`` is the statistics
-    window's length, after which a penalised host without fresh evidence starts WARMING.
+    ``window`` must hold the latency at ``config.percentile``. ``peer_median`` is the median
+    of the peers' latency at that percentile (None when no peer has ``min_samples``: then
+    the host cannot be SLOW). ``window_s`` is the statistics window's length: after that
+    long in SLOW / ERRORING without ``min_samples`` of fresh evidence a host starts WARMING.
     """
+    penalties = config.penalties
     latency = window.latency.get(float(config.percentile))
     error_rate = window.error_rate
     enough_requests = window.requests >= config.min_samples
     enough_samples = window.samples >= config.min_samples and latency is not None
-    numbers = {
-        "latency": latency,
-        "peer_median": peers,
-        "error_rate": error_rate,
-        "samples": window.samples,
-        "requests": window.requests,
-    }
+    threshold = (
+        None if peer_median is None else max(config.outlier_factor * peer_median, config.slow_floor)
+    )
+    erroring = enough_requests and error_rate > config.error_rate
+    slow = enough_samples and threshold is not None and latency is not None and latency > threshold
+    state = previous.state
+    in_state_s = (now_ns - previous.since_ns) / _NS
+    settled = in_state_s >= config.min_state_duration
     pct = f"p{config.percentile:g}"
 
-    def verdict(state: HealthState, penalty: float, reason: str, since: int) -> HostHealth:
-        return HostHealth(state, since, penalty, reason, **numbers)
+    def verdict(new_state: HealthState, penalty: float, reason: str, since_ns: int) -> HostHealth:
+        return HostHealth(
+            new_state,
+            since_ns,
+            penalty,
+            reason,
+            latency=latency,
+            peer_median=peer_median,
+            error_rate=error_rate,
+            samples=window.samples,
+            requests=window.requests,
+        )
 
-    slow_threshold = None
-    if peers is not None:
-        slow_threshold = max(config.outlier_factor * peers, config.slow_floor)
-    erroring = enough_requests and error_rate > config.error_rate
-    slow = enough_samples and slow_threshold is not None and latency > slow_threshold
-    error_reason = (
-        f"error+timeout rate {error_rate:.1%} > {config.error_rate:.1%} "
-        f"over {window.requests} requests"
-    )
-    slow_reason = (
-        f"{pct} {_ms(latency)} > {config.outlier_factor:g} x peer median {_ms(peers)} "
-        f"(floor {_ms(config.slow_floor)}), {window.samples} samples"
-    )
-    state = previous.state
-    pen = config.penalties
+    def hold(penalty: float) -> HostHealth:
+        return verdict(state, penalty, previous.reason, previous.since_ns)
 
-    if state in _BAD:
-        in_state_s = (now_ns - previous.since_ns) / _NS
-        if state is HealthState.SLOW and erroring:
-            return verdict(HealthState.ERRORING, pen.erroring, error_reason, now_ns)
-        if in_state_s < config.min_state_duration:
-            return verdict(state, previous.penalty, previous.reason, previous.since_ns)
-        if state is HealthState.ERRORING:
-            recovered = enough_requests and error_rate < config.recovery_factor * config.error_rate
-        else:
-            recovered = (
-                enough_samples
-                and slow_threshold is not None
-                and latency < config.recovery_factor * slow_threshold
+    def warming(reason: str) -> HostHealth:
+        if config.slow_start <= 0:
+            return verdict(HealthState.HEALTHY, penalties.healthy, reason, now_ns)
+        return verdict(HealthState.WARMING, penalties.warming, reason, now_ns)
+
+    def slow_reason() -> str:
+        return (
+            f"{pct} {_ms(latency)} > {config.outlier_factor:.1f} x peer median "
+            f"{_ms(peer_median)} (floor {_ms(config.slow_floor)}), {window.samples} samples"
+        )
+
+    # Getting worse: at once.
+    if erroring and state is not HealthState.ERRORING:
+        return verdict(
+            HealthState.ERRORING,
+            penalties.erroring,
+            f"error+timeout rate {error_rate:.1%} > {config.error_rate:.1%} "
+            f"over {window.requests} requests",
+            now_ns,
+        )
+    if slow and state in (HealthState.HEALTHY, HealthState.WARMING):
+        return verdict(HealthState.SLOW, penalties.slow, slow_reason(), now_ns)
+
+    if state is HealthState.ERRORING:
+        if not settled:
+            return hold(penalties.erroring)
+        if enough_requests and error_rate < config.recovery_factor * config.error_rate:
+            if slow:
+                return verdict(HealthState.SLOW, penalties.slow, slow_reason(), now_ns)
+            return warming(
+                f"recovered: error+timeout rate {error_rate:.1%} < "
+                f"{config.recovery_factor:g} x {config.error_rate:.1%} "
+                f"over {window.requests} requests"
             )
-        if recovered:
-            if slow and state is HealthState.ERRORING:
-                return verdict(HealthState.SLOW, pen.slow, slow_reason, now_ns)
-            reason = (
-                f"recovered: error+timeout rate {error_rate:.1%}"
-                if state is HealthState.ERRORING
-                else f"recovered: {pct} {_ms(latency)} vs peer median {_ms(peers)}"
-            )
-            return verdict(HealthState.WARMING, pen.warming, reason, now_ns)
         if not enough_requests and in_state_s >= window_s:
+            return warming(
+                f"probing: only {window.requests} requests in the {window_s:g}s "
+                f"since it turned erroring (min {config.min_samples})"
+            )
+        return hold(penalties.erroring)
+
+    if state is HealthState.SLOW:
+        if not settled:
+            return hold(penalties.slow)
+        if enough_samples and latency is not None:
+            if threshold is None:
+                return warming(f"no peer latency to compare {pct} {_ms(latency)} with")
+            if latency < config.recovery_factor * threshold:
+                return warming(
+                    f"recovered: {pct} {_ms(latency)} < {config.recovery_factor:g} x "
+                    f"{_ms(threshold)} (peer median {_ms(peer_median)}), "
+                    f"{window.samples} samples"
+                )
+        elif in_state_s >= window_s:
+            return warming(
+                f"probing: only {window.samples} samples in the {window_s:g}s "
+                f"since it turned slow (min {config.min_samples})"
+            )
+        return hold(penalties.slow)
+
+    if state is HealthState.WARMING:
+        if in_state_s >= config.slow_start and settled:
             return verdict(
-                HealthState.WARMING,
-                pen.warming,
-                f"probing: only {window.requests} requests in the last {window_s:g}s",
+                HealthState.HEALTHY,
+                penalties.healthy,
+                f"warm-up complete after {in_state_s:.1f}s: {pct} {_ms(latency)}, "
+                f"error+timeout rate {error_rate:.1%}",
                 now_ns,
             )
-        return verdict(state, previous.penalty, previous.reason, previous.since_ns)
+        penalty = warming_penalty(
+            penalties.warming, in_state_s, config.slow_start, end=penalties.healthy
+        )
+        return hold(penalty)
 
-    if erroring:
-        return verdict(HealthState.ERRORING, pen.erroring, error_reason, now_ns)
-    if slow:
-        return verdict(HealthState.SLOW, pen.slow, slow_reason, now_ns)
-    if state is HealthState.WARMING:
-        elapsed_s = (now_ns - previous.since_ns) / _NS
-        if elapsed_s >= config.slow_start:
-            return verdict(HealthState.HEALTHY, pen.healthy, "warm-up complete", now_ns)
-        penalty = warming_penalty(pen.warming, elapsed_s, config.slow_start)
-        return verdict(HealthState.WARMING, penalty, previous.reason, previous.since_ns)
-    return verdict(HealthState.HEALTHY, pen.healthy, "", previous.since_ns)
+    return verdict(
+        HealthState.HEALTHY,
+        penalties.healthy,
+        f"{pct} {_ms(latency)} (peer median {_ms(peer_median)}), {window.samples} samples; "
+        f"error+timeout rate {error_rate:.1%} over {window.requests} requests",
+        previous.since_ns,
+    )
 
 
 class HealthModel:
     """Keeps each host's :class:`HostHealth` and applies :func:`assess` on refresh,
-    publishing the penalty and state on the host's :class:`HostStats`."""
+    publishing the penalty and state on the host's :class:`HostStats`.
+
+    Thread-safe: one refresh runs at a time; :meth:`mark_up` and :meth:`forget` may be
+    called from other threads at any moment (a refresh in progress does not undo them).
+    """
 
     def __init__(self, config: HealthConfig, clock: Clock, window_s: float = 10.0) -> None:
         self._config = config
@@ -217,10 +304,16 @@ class HealthModel:
         self._window_s = window_s
         self._health: dict[Hashable, HostHealth] = {}
         self._windows: dict[Hashable, WindowStats] = {}
-        self._refresh_lock = threading.Lock()
-        self._next_refresh_ns = 0
         self._unreported: dict[Hashable, HealthTransition] = {}
+        self._refresh_lock = threading.Lock()
+        """One refresh at a time."""
+        self._state_lock = threading.Lock()
+        """Guards the verdicts while a refresh applies them against mark_up / forget."""
+        self._forgotten: set[Hashable] = set()
+        """Keys forgotten since the last refresh began (it must not re-add them)."""
+        self._next_refresh_ns = 0
         self.refreshes = 0
+        """Refreshes done (for tests and diagnostics)."""
 
     @property
     def config(self) -> HealthConfig:
@@ -228,7 +321,8 @@ class HealthModel:
         return self._config
 
     def reconfigure(self, config: HealthConfig, window_s: float | None = None) -> None:
-        """Use new thresholds and penalties from the next refresh on."""
+        """Use new thresholds and penalties (and statistics window length) from the next
+        refresh on; current verdicts stay."""
         self._config = config
         if window_s is not None:
             self._window_s = window_s
@@ -238,27 +332,34 @@ class HealthModel:
         return self._health.get(key)
 
     def window_stats(self, key: Hashable) -> WindowStats | None:
-        """The window statistics computed for ``key`` at the last refresh."""
+        """The window statistics computed for ``key`` at the last refresh (so that
+        snapshots and exporters do not compute percentiles again)."""
         return self._windows.get(key)
 
-    def mark_up(self, key: Hashable, stats: HostStats) -> HealthTransition | None:
-        """``key`` came back up: it starts WARMING now."""
-        now = self._clock.now_ns()
-        old = self._health.get(key) or HostHealth.healthy(now, self._config)
-        new = HostHealth.warming(now, self._config, "host came back up")
-        self._health[key] = new
-        stats.health_state = new.state
-        stats.health_penalty = new.penalty
-        transition = HealthTransition(key, old, new)
-        self._unreported[key] = transition
+    def mark_up(self, key: Hashable, stats: HostStats) -> HealthTransition:
+        """``key`` came back up: it starts WARMING now, whatever its state (HEALTHY at once
+        if ``slow_start`` is 0)."""
+        with self._state_lock:
+            now = self._clock.now_ns()
+            old = self._health.get(key) or HostHealth.initial(now, self._config)
+            new = HostHealth.warming(now, self._config, "host came back up")
+            self._health[key] = new
+            self._forgotten.discard(key)
+            stats.health_penalty = new.penalty
+            stats.health_state = new.state
+            transition = HealthTransition(key, old, new)
+            self._unreported[key] = transition
         self._log(transition)
         return transition
 
     def forget(self, key: Hashable) -> None:
         """Drop everything about ``key`` (host removed)."""
-        self._health.pop(key, None)
-        self._windows.pop(key, None)
-        self._unreported.pop(key, None)
+        with self._state_lock:
+            self._health.pop(key, None)
+            self._windows.pop(key, None)
+            self._unreported.pop(key, None)
+            # A refresh may be computing windows from a mapping that still holds the key.
+            self._forgotten.add(key)
 
     def pop_unreported(self, key: Hashable) -> HealthTransition | None:
         """The latest transition of ``key`` not yet shown in a trace (then forgotten): the
@@ -271,12 +372,16 @@ class HealthModel:
         self, stats: Mapping[Hashable, HostStats], groups: Mapping[Hashable, Hashable]
     ) -> list[HealthTransition] | None:
         """:meth:`refresh` if ``refresh_interval`` has passed since the last one and no other
-        thread is refreshing right now; None otherwise (cheap: an int compare)."""
+        thread is refreshing right now; None otherwise (an int compare when it is not
+        time; never waits)."""
         if self._clock.now_ns() < self._next_refresh_ns:
             return None
         if not self._refresh_lock.acquire(blocking=False):
             return None
         try:
+            # Another thread may have refreshed between the compare and the acquire.
+            if self._clock.now_ns() < self._next_refresh_ns:
+                return None
             return self._refresh(stats, groups)
         finally:
             self._refresh_lock.release()
@@ -285,7 +390,9 @@ class HealthModel:
         self, stats: Mapping[Hashable, HostStats], groups: Mapping[Hashable, Hashable]
     ) -> list[HealthTransition]:
         """Compute every host's window once, the peer medians per group (a host's peers are
-        the other hosts of its group, e.g. its datacenter), and the new verdicts."""
+        the other hosts of its group, e.g. its datacenter; hosts missing from ``groups``
+        form one group), and the new verdicts; publish them on the hosts' stats and return
+        the transitions. Waits for a refresh in progress."""
         with self._refresh_lock:
             return self._refresh(stats, groups)
 
@@ -293,34 +400,50 @@ class HealthModel:
         self, stats: Mapping[Hashable, HostStats], groups: Mapping[Hashable, Hashable]
     ) -> list[HealthTransition]:
         config = self._config
-        now = self._clock.now_ns()
-        self._next_refresh_ns = now + round(config.refresh_interval * _NS)
+        window_s = self._window_s
+        self._next_refresh_ns = self._clock.now_ns() + round(config.refresh_interval * _NS)
         percentile = float(config.percentile)
-        percentiles = sorted({50.0, 95.0, 99.0, percentile})
+        percentiles = sorted({*_REPORTED_PERCENTILES, percentile})
+        # The expensive part (percentiles), with no lock the hot path or mark_up wait for.
         windows = {key: host.window_stats(percentiles) for key, host in stats.items()}
-        self._windows = windows
-        by_group: dict[Hashable, list[tuple[Hashable, float]]] = {}
+
+        by_group: dict[Hashable, list[float]] = {}
         for key, window in windows.items():
             latency = window.latency.get(percentile)
             if latency is not None and window.samples >= config.min_samples:
-                by_group.setdefault(groups.get(key), []).append((key, latency))
+                by_group.setdefault(groups.get(key), []).append(latency)
+        for values in by_group.values():
+            values.sort()
+
+        now = self._clock.now_ns()
         transitions = []
-        for key, window in windows.items():
-            peers = peer_median(
-                latency for other, latency in by_group.get(groups.get(key), ()) if other != key
-            )
-            old = self._health.get(key) or HostHealth.healthy(now, config)
-            new = assess(old, window, peers, config, now, self._window_s)
-            self._health[key] = new
-            host = stats[key]
-            host.health_penalty = new.penalty
-            host.health_state = new.state
-            if new.state is not old.state:
-                transition = HealthTransition(key, old, new)
-                transitions.append(transition)
-                self._unreported[key] = transition
-                self._log(transition)
-        self.refreshes += 1
+        with self._state_lock:
+            for key, window in windows.items():
+                if key in self._forgotten:
+                    continue
+                group = by_group.get(groups.get(key), [])
+                latency = window.latency.get(percentile)
+                if latency is not None and window.samples >= config.min_samples:
+                    peers = _median_without(group, latency)
+                else:
+                    peers = peer_median(group)
+                old = self._health.get(key) or HostHealth.initial(now, config)
+                new = assess(old, window, peers, config, now, window_s)
+                self._health[key] = new
+                host = stats[key]
+                host.health_penalty = new.penalty
+                host.health_state = new.state
+                if new.state is not old.state:
+                    transition = HealthTransition(key, old, new)
+                    transitions.append(transition)
+                    self._unreported[key] = transition
+            for key in self._forgotten:
+                windows.pop(key, None)
+            self._forgotten.clear()
+            self._windows = windows
+            self.refreshes += 1
+        for transition in transitions:
+            self._log(transition)
         return transitions
 
     @staticmethod
