@@ -1,84 +1,170 @@
 """The same numbers as the Prometheus collector, as OpenTelemetry observable instruments,
 for users who ship metrics over OTLP. Read at collection time from ``policy.snapshot()``;
-nothing is recorded per request."""
+nothing is recorded per request.
+
+Instruments (attributes ``policy``, and for hosts ``server.address``, ``dc``, ``rack``):
+
+=======================================  =========================  ==========================
+instrument                               kind                       Prometheus family
+=======================================  =========================  ==========================
+``adaptive_lb.host.in_flight``           gauge                      ``adaptive_lb_host_in_flight``
+``adaptive_lb.host.latency`` (s)         gauge, ``quantile``        ``..._latency_seconds``
+``adaptive_lb.host.window_requests``     gauge                      ``..._window_requests``
+``adaptive_lb.host.requests``            counter                    ``..._requests_total``
+``adaptive_lb.host.errors``              counter                    ``..._errors_total``
+``adaptive_lb.host.timeouts``            counter                    ``..._timeouts_total``
+``adaptive_lb.host.health``              gauge, ``state`` (1 / 0)   ``adaptive_lb_host_health``
+``adaptive_lb.host.penalty``             gauge                      ``adaptive_lb_host_penalty``
+``adaptive_lb.decisions``                counter, ``position``      ``..._decisions_total``
+``adaptive_lb.replica_cache.hits`` ...   counters (hits, misses,    ``..._replica_cache_*``
+                                         evictions, invalidations)
+``adaptive_lb.replica_cache.size``       gauge                      ``..._replica_cache_size``
+``adaptive_lb.plan_fallbacks``           counter                    ``..._plan_fallbacks_total``
+``adaptive_lb.config.reloads``           counter, ``result``        ``..._config_reloads_total``
+``adaptive_lb.config.info``              gauge = 1, ``hash``        ``adaptive_lb_config_info``
+``adaptive_lb.trace.spans.exported``     counter (process-wide)     ``..._spans_exported_total``
+``adaptive_lb.trace.spans.dropped``      counter, ``reason``        ``..._spans_dropped_total``
+=======================================  =========================  ==========================
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from adaptive_lb.exporters.otlp import span_export_totals
+from adaptive_lb.health_state import HealthState
+
 __all__ = ["register_otel_metrics"]
 
+_QUANTILES = (("0.5", "latency_p50"), ("0.95", "latency_p95"), ("0.99", "latency_p99"))
 
-def register_otel_metrics(policy: Any, meter_provider: Any | None = None) -> list[Any]:
-    """Create the observable instruments for ``policy`` on ``meter_provider`` (default: the
-    global one) and return them."""
+Callback = Callable[[CallbackOptions], Iterable[Observation]]
+
+
+def register_otel_metrics(
+    policy: Any | Sequence[Any],
+    meter_provider: Any | None = None,
+    names: Sequence[str] | None = None,
+) -> list[Any]:
+    """Create the observable instruments for ``policy`` (or a sequence of policies, named by
+    ``names`` as in :class:`~adaptive_lb.exporters.AdaptiveLbCollector`) on
+    ``meter_provider`` (default: the global one) and return them.
+
+    Call it once per meter provider: the instruments of every policy given share one set of
+    names, told apart by the ``policy`` attribute.
+    """
+    policies = list(policy) if isinstance(policy, (list, tuple)) else [policy]
+    names = list(names) if names else [str(i) for i in range(len(policies))]
+    if len(names) != len(policies):
+        raise ValueError(f"{len(names)} names for {len(policies)} policies")
+    named = list(zip(names, policies, strict=True))
     meter = metrics.get_meter("adaptive_lb", meter_provider=meter_provider)
 
-    def host_attributes(host: Any) -> dict[str, str]:
-        return {
-            "server.address": host.address,
-            "dc": host.datacenter or "",
-            "rack": host.rack or "",
-        }
+    def snapshots() -> Iterator[tuple[str, Any, Any]]:
+        for name, p in named:
+            yield name, p, p.snapshot()
 
-    def per_host(value_of):
+    def per_host(value_of: Callable[[Any], Any]) -> Callback:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
-            for host in policy.snapshot().hosts:
-                value = value_of(host)
-                if value is not None:
-                    yield Observation(value, host_attributes(host))
+            for name, _, snapshot in snapshots():
+                for host in snapshot.hosts:
+                    value = value_of(host)
+                    if value is not None:
+                        yield Observation(value, _host_attributes(name, host))
 
         return callback
 
-    def p99(options: CallbackOptions) -> Iterable[Observation]:
-        for host in policy.snapshot().hosts:
-            for quantile, value in (
-                ("0.5", host.latency_p50),
-                ("0.95", host.latency_p95),
-                ("0.99", host.latency_p99),
-            ):
-                if value is not None:
-                    yield Observation(value, {**host_attributes(host), "quantile": quantile})
+    def latency(options: CallbackOptions) -> Iterable[Observation]:
+        for name, _, snapshot in snapshots():
+            for host in snapshot.hosts:
+                for quantile, attribute in _QUANTILES:
+                    value = getattr(host, attribute)
+                    if value is not None:
+                        attributes = {**_host_attributes(name, host), "quantile": quantile}
+                        yield Observation(value, attributes)
 
-    def decisions(options: CallbackOptions) -> Iterable[Observation]:
-        for position, count in policy.decisions_by_position.items():
-            yield Observation(count, {"position": position})
+    def health(options: CallbackOptions) -> Iterable[Observation]:
+        for name, _, snapshot in snapshots():
+            for host in snapshot.hosts:
+                for state in HealthState:
+                    value = 1 if state.value == host.health_state else 0
+                    yield Observation(value, {**_host_attributes(name, host), "state": state.value})
 
-    def cache(kind: str):
+    def per_policy(value_of: Callable[[Any], Any]) -> Callback:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
-            yield Observation(getattr(policy.snapshot(), f"replica_cache_{kind}"))
+            for name, _, snapshot in snapshots():
+                yield Observation(value_of(snapshot), {"policy": name})
 
         return callback
 
+    def by_key(attribute: str, key: str) -> Callback:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            for name, p in named:
+                for value, count in getattr(p, attribute, {}).items():
+                    yield Observation(count, {"policy": name, key: value})
+
+        return callback
+
+    def config_info(options: CallbackOptions) -> Iterable[Observation]:
+        for name, _, snapshot in snapshots():
+            yield Observation(1, {"policy": name, "hash": snapshot.config_hash})
+
+    def spans_exported(options: CallbackOptions) -> Iterable[Observation]:
+        totals = span_export_totals()
+        if totals is not None:
+            yield Observation(totals.exported)
+
+    def spans_dropped(options: CallbackOptions) -> Iterable[Observation]:
+        totals = span_export_totals()
+        if totals is not None:
+            for reason in ("queue_full", "export_failed", "shutdown"):
+                yield Observation(getattr(totals, reason), {"reason": reason})
+
+    gauge = meter.create_observable_gauge
+    counter = meter.create_observable_counter
     return [
-        meter.create_observable_gauge(
-            "adaptive_lb.host.in_flight", [per_host(lambda h: h.in_flight)], unit="{request}"
+        gauge("adaptive_lb.host.in_flight", [per_host(lambda h: h.in_flight)], unit="{request}"),
+        gauge("adaptive_lb.host.latency", [latency], unit="s"),
+        gauge(
+            "adaptive_lb.host.window_requests", [per_host(lambda h: h.requests)], unit="{request}"
         ),
-        meter.create_observable_gauge("adaptive_lb.host.latency", [p99], unit="s"),
-        meter.create_observable_counter(
+        counter(
             "adaptive_lb.host.requests", [per_host(lambda h: h.requests_total)], unit="{request}"
         ),
-        meter.create_observable_counter(
-            "adaptive_lb.host.errors", [per_host(lambda h: h.errors_total)], unit="{request}"
-        ),
-        meter.create_observable_counter(
+        counter("adaptive_lb.host.errors", [per_host(lambda h: h.errors_total)], unit="{request}"),
+        counter(
             "adaptive_lb.host.timeouts", [per_host(lambda h: h.timeouts_total)], unit="{request}"
         ),
-        meter.create_observable_gauge(
-            "adaptive_lb.host.penalty", [per_host(lambda h: h.health_penalty)]
+        gauge("adaptive_lb.host.health", [health]),
+        gauge("adaptive_lb.host.penalty", [per_host(lambda h: h.health_penalty)]),
+        counter("adaptive_lb.decisions", [by_key("decisions_by_position", "position")]),
+        counter("adaptive_lb.replica_cache.hits", [per_policy(lambda s: s.replica_cache_hits)]),
+        counter("adaptive_lb.replica_cache.misses", [per_policy(lambda s: s.replica_cache_misses)]),
+        counter(
+            "adaptive_lb.replica_cache.evictions",
+            [per_policy(lambda s: s.replica_cache_evictions)],
         ),
-        meter.create_observable_counter("adaptive_lb.decisions", [decisions]),
-        meter.create_observable_counter("adaptive_lb.replica_cache.hits", [cache("hits")]),
-        meter.create_observable_counter("adaptive_lb.replica_cache.misses", [cache("misses")]),
-        meter.create_observable_counter(
-            "adaptive_lb.replica_cache.evictions", [cache("evictions")]
+        counter(
+            "adaptive_lb.replica_cache.invalidations",
+            [per_policy(lambda s: s.replica_cache_invalidations)],
         ),
-        meter.create_observable_counter(
-            "adaptive_lb.plan_fallbacks",
-            [lambda options: [Observation(policy.internal_errors)]],
-        ),
+        gauge("adaptive_lb.replica_cache.size", [per_policy(lambda s: s.replica_cache_size)]),
+        counter("adaptive_lb.plan_fallbacks", [per_policy(lambda s: s.internal_errors)]),
+        counter("adaptive_lb.config.reloads", [by_key("config_reloads", "result")]),
+        gauge("adaptive_lb.config.info", [config_info]),
+        counter("adaptive_lb.trace.spans.exported", [spans_exported], unit="{span}"),
+        counter("adaptive_lb.trace.spans.dropped", [spans_dropped], unit="{span}"),
     ]
+
+
+def _host_attributes(policy_name: str, host: Any) -> dict[str, str]:
+    return {
+        "policy": policy_name,
+        "server.address": host.address,
+        "dc": host.datacenter or "",
+        "rack": host.rack or "",
+    }

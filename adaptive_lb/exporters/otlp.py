@@ -6,6 +6,13 @@ a :class:`BoundedSpanProcessor` -- a fixed-size queue drained by one background 
 to an OTLP exporter (gRPC or HTTP/protobuf) aimed at the configured endpoint. Ending a span
 is an append to that queue; when the queue is full (the receiver is down, slow or hung),
 the span is dropped and counted, never waited for.
+
+Why not the SDK's ``BatchSpanProcessor``: it also never blocks, but it drops silently (a log
+line, no count). Here every span that never reached the receiver is counted, per processor
+and process-wide (:func:`span_export_totals`), and the Prometheus collector and the
+OpenTelemetry instruments publish the process-wide numbers as
+``adaptive_lb_trace_spans_dropped_total{reason="queue_full"|"export_failed"|"shutdown"}``
+and ``adaptive_lb_trace_spans_exported_total``.
 """
 
 from __future__ import annotations
@@ -17,24 +24,75 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from attrs import define
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from adaptive_lb.config import Config, TracingConfig
 
-__all__ = ["BoundedSpanProcessor", "make_otlp_exporter", "setup_tracing"]
+__all__ = [
+    "BoundedSpanProcessor",
+    "SpanExportTotals",
+    "make_otlp_exporter",
+    "setup_tracing",
+    "span_export_totals",
+]
 
 log = logging.getLogger("adaptive_lb.exporters")
+
+
+@define(frozen=True, slots=True)
+class SpanExportTotals:
+    """Spans handled by every :class:`BoundedSpanProcessor` of the process, since start."""
+
+    exported: int
+    queue_full: int
+    """Dropped on arrival: the queue was full (receiver down, slow or hung)."""
+    export_failed: int
+    """Dropped after the exporter failed (refused, timed out, raised)."""
+    shutdown: int
+    """Still queued when the processor shut down, or ended after it did."""
+
+    @property
+    def dropped(self) -> int:
+        """Every span that never reached a receiver."""
+        return self.queue_full + self.export_failed + self.shutdown
+
+
+class _Totals:
+    """Process-wide counters (they survive processors, so they never go down)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.processors = 0
+        self.counts = {"exported": 0, "queue_full": 0, "export_failed": 0, "shutdown": 0}
+
+    def add(self, kind: str, count: int = 1) -> None:
+        with self.lock:
+            self.counts[kind] += count
+
+
+_TOTALS = _Totals()
+
+
+def span_export_totals() -> SpanExportTotals | None:
+    """The process-wide span counts, or None while no :class:`BoundedSpanProcessor` exists
+    (tracing goes elsewhere, or nowhere: there is nothing to report)."""
+    with _TOTALS.lock:
+        if not _TOTALS.processors:
+            return None
+        return SpanExportTotals(**_TOTALS.counts)
 
 
 class BoundedSpanProcessor(SpanProcessor):
     """Batches ended spans to ``exporter`` from a background thread.
 
     ``on_end`` (called on the thread that ended the span, possibly a request's) only appends
-    to a bounded queue. Counters: ``exported_spans``, ``failed_spans`` (the exporter said
-    no or raised), ``dropped_spans`` (queue full, plus failed: everything that never
-    reached the receiver).
+    to a bounded queue. Counters: ``exported_spans``, ``queue_full_drops``,
+    ``failed_spans`` (the exporter said no or raised), ``shutdown_drops`` (still queued after
+    the flush at shutdown), ``dropped_spans`` (their sum: everything that never reached the
+    receiver). They are also added to the process-wide :func:`span_export_totals`.
     """
 
     def __init__(
@@ -57,13 +115,16 @@ class BoundedSpanProcessor(SpanProcessor):
         self.exported_spans = 0
         self.failed_spans = 0
         self.queue_full_drops = 0
+        self.shutdown_drops = 0
+        with _TOTALS.lock:
+            _TOTALS.processors += 1
         self._thread = threading.Thread(target=self._run, name="adaptive-lb-otlp", daemon=True)
         self._thread.start()
 
     @property
     def dropped_spans(self) -> int:
         """Spans that never reached the receiver (queue full or export failed)."""
-        return self.queue_full_drops + self.failed_spans
+        return self.queue_full_drops + self.failed_spans + self.shutdown_drops
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         """Nothing to do when a span starts."""
@@ -71,10 +132,13 @@ class BoundedSpanProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         """Queue the span, or drop and count it when the queue is full."""
         if self._stopped.is_set():
+            self.shutdown_drops += 1
+            _TOTALS.add("shutdown")
             return
         with self._lock:
             if len(self._queue) >= self.max_queue_size:
                 self.queue_full_drops += 1
+                _TOTALS.add("queue_full")
                 return
             self._queue.append(span)
             full_batch = len(self._queue) >= self.max_batch_size
@@ -94,22 +158,33 @@ class BoundedSpanProcessor(SpanProcessor):
             result = SpanExportResult.FAILURE
         if result is SpanExportResult.SUCCESS:
             self.exported_spans += len(batch)
+            _TOTALS.add("exported", len(batch))
         else:
             self.failed_spans += len(batch)
+            _TOTALS.add("export_failed", len(batch))
 
     def _run(self) -> None:
         while True:
             self._wake.wait(self.schedule_delay)
             self._wake.clear()
             self._idle.clear()
-            while True:
+            while not self._stopped.is_set():
                 batch = self._take_batch()
                 if not batch:
                     break
                 self._export(batch)
             self._idle.set()
             if self._stopped.is_set():
+                self._drop_queued()
                 return
+
+    def _drop_queued(self) -> None:
+        with self._lock:
+            count = len(self._queue)
+            self._queue.clear()
+        if count:
+            self.shutdown_drops += count
+            _TOTALS.add("shutdown", count)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Export what is queued now; True if the queue emptied within the timeout."""
@@ -121,9 +196,12 @@ class BoundedSpanProcessor(SpanProcessor):
             time.sleep(0.005)
         return not self._queue and self._idle.is_set()
 
-    def shutdown(self) -> None:
-        """Flush briefly, stop the thread, shut the exporter down."""
-        self.force_flush(2000)
+    def shutdown(self, timeout_millis: int = 2000) -> None:
+        """Flush for at most ``timeout_millis``, then stop: what is still queued is dropped
+        (and counted); an export in progress gets a few more seconds to end."""
+        if self._stopped.is_set():
+            return
+        self.force_flush(timeout_millis)
         self._stopped.set()
         self._wake.set()
         self._thread.join(timeout=5)
@@ -147,11 +225,11 @@ def make_otlp_exporter(config: TracingConfig) -> SpanExporter:
         OTLPSpanExporter as GrpcExporter,
     )
 
+    # http:// is plaintext, https:// is TLS; no scheme: the exporter decides (TLS unless
+    # OTEL_EXPORTER_OTLP_INSECURE=true).
+    insecure = True if otlp.endpoint.startswith("http://") else None
     return GrpcExporter(
-        endpoint=otlp.endpoint,
-        headers=headers,
-        timeout=otlp.timeout,
-        insecure=otlp.endpoint.startswith("http://"),
+        endpoint=otlp.endpoint, headers=headers, timeout=otlp.timeout, insecure=insecure
     )
 
 

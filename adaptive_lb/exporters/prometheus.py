@@ -2,12 +2,35 @@
 
 No Prometheus call is made per request: the policy keeps plain counters and the health
 model's last window statistics; :class:`AdaptiveLbCollector` turns them into metric
-families when Prometheus scrapes. Host labels are ``address``, ``dc``, ``rack``; with
-several policies (one per execution profile) a ``policy`` label tells them apart.
+families when Prometheus scrapes.
+
+Labels: host families carry ``address``, ``dc``, ``rack``. Every family that belongs to a
+policy also carries ``policy``: with several policies (one per execution profile) the
+series stay apart (sum them in PromQL to get the client's totals; a host shared by two
+profiles appears once per profile, with each profile's own counts). Policies are named by
+``names`` (default ``"0"``, ``"1"``, ... in the order given).
+
+Families (``_total`` is added by the exposition format to counters):
+
+- ``adaptive_lb_host_in_flight`` (gauge), ``adaptive_lb_host_latency_seconds`` (summary:
+  quantiles 0.5 / 0.95 / 0.99 over the statistics window, as of the last health refresh),
+  ``adaptive_lb_host_window_requests`` (gauge: the window's completed requests, behind those
+  quantiles), ``adaptive_lb_host_requests_total`` / ``_errors_total`` / ``_timeouts_total``
+  (counters), ``adaptive_lb_host_health{state=...}`` (gauge, 1 for the current state and 0
+  for the others), ``adaptive_lb_host_penalty`` (gauge);
+- ``adaptive_lb_decisions_total{position=...}``, ``adaptive_lb_replica_cache_hits_total`` /
+  ``_misses_total`` / ``_evictions_total`` / ``_invalidations_total``,
+  ``adaptive_lb_replica_cache_size`` (gauge), ``adaptive_lb_plan_fallbacks_total`` (internal
+  errors answered with the child's plan), ``adaptive_lb_config_reloads_total{result=...}``,
+  ``adaptive_lb_config_info{hash=...}``;
+- process-wide, once :func:`~adaptive_lb.exporters.setup_tracing` made a span processor:
+  ``adaptive_lb_trace_spans_exported_total`` and
+  ``adaptive_lb_trace_spans_dropped_total{reason="queue_full"|"export_failed"|"shutdown"}``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -20,31 +43,60 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from adaptive_lb.exporters.otlp import span_export_totals
 from adaptive_lb.health_state import HealthState
 
 __all__ = ["AdaptiveLbCollector", "start_prometheus_server"]
 
+log = logging.getLogger("adaptive_lb.exporters")
+
 _HOST_LABELS = ["policy", "address", "dc", "rack"]
+_QUANTILES = (("0.5", "latency_p50"), ("0.95", "latency_p95"), ("0.99", "latency_p99"))
+
+
+def _policies(policies: Any) -> list[Any]:
+    if isinstance(policies, (list, tuple)):
+        return list(policies)
+    if hasattr(policies, "snapshot"):
+        return [policies]
+    return list(policies)
 
 
 class AdaptiveLbCollector(Collector):
-    """A ``prometheus_client`` collector for one or more AdaptiveLoadBalancingPolicy."""
+    """A ``prometheus_client`` collector for one AdaptiveLoadBalancingPolicy or several.
+
+    :param policies: a policy, or a sequence of them (e.g. one per execution profile).
+    :param names: the ``policy`` label of each (default ``"0"``, ``"1"``, ...).
+
+    Counts the policy may not keep are read with defaults (``decisions_by_position``,
+    ``config_reloads``: empty), so any object with ``snapshot()`` works.
+    """
 
     def __init__(self, policies: Any | Sequence[Any], names: Sequence[str] | None = None):
-        self.policies = list(policies) if isinstance(policies, (list, tuple)) else [policies]
+        self.policies = _policies(policies)
         self.names = list(names) if names else [str(i) for i in range(len(self.policies))]
+        if len(self.names) != len(self.policies):
+            raise ValueError(f"{len(self.names)} names for {len(self.policies)} policies")
+        if len(set(self.names)) != len(self.names):
+            raise ValueError(f"policy names must be distinct: {self.names}")
 
     def collect(self) -> Iterator[Metric]:
-        """Build every family from the policies' snapshots."""
+        """Build every family from the policies' snapshots (called at each scrape)."""
         in_flight = GaugeMetricFamily(
             "adaptive_lb_host_in_flight", "Attempts in flight on the host.", labels=_HOST_LABELS
         )
-        # Summary-style: quantiles (and the window's request count) as of the last health
-        # refresh; no _sum, which a sliding HdrHistogram window does not keep.
+        # Summary-style: quantiles over the sliding statistics window, as of the last health
+        # refresh. No _count/_sum: a window's count goes down, which rate() would take for a
+        # counter reset (the window's count is adaptive_lb_host_window_requests).
         latency = Metric(
             "adaptive_lb_host_latency_seconds",
-            "Latency over the statistics window, as of the last health refresh.",
+            "Latency quantiles over the statistics window, as of the last health refresh.",
             "summary",
+        )
+        window = GaugeMetricFamily(
+            "adaptive_lb_host_window_requests",
+            "Requests completed in the statistics window, as of the last health refresh.",
+            labels=_HOST_LABELS,
         )
         requests = CounterMetricFamily(
             "adaptive_lb_host_requests", "Attempts completed with an outcome.", labels=_HOST_LABELS
@@ -57,11 +109,13 @@ class AdaptiveLbCollector(Collector):
         )
         health = GaugeMetricFamily(
             "adaptive_lb_host_health",
-            "1 for the host's current health state.",
+            "1 for the host's current health state, 0 for the others.",
             labels=[*_HOST_LABELS, "state"],
         )
         penalty = GaugeMetricFamily(
-            "adaptive_lb_host_penalty", "The host's health penalty.", labels=_HOST_LABELS
+            "adaptive_lb_host_penalty",
+            "The host's health penalty (multiplier of its load score; 1 = none).",
+            labels=_HOST_LABELS,
         )
         decisions = CounterMetricFamily(
             "adaptive_lb_decisions",
@@ -77,6 +131,14 @@ class AdaptiveLbCollector(Collector):
         cache_evictions = CounterMetricFamily(
             "adaptive_lb_replica_cache_evictions", "Replica cache evictions.", labels=["policy"]
         )
+        cache_invalidations = CounterMetricFamily(
+            "adaptive_lb_replica_cache_invalidations",
+            "Replica cache invalidations (topology or schema changes).",
+            labels=["policy"],
+        )
+        cache_size = GaugeMetricFamily(
+            "adaptive_lb_replica_cache_size", "Replica cache entries.", labels=["policy"]
+        )
         fallbacks = CounterMetricFamily(
             "adaptive_lb_plan_fallbacks",
             "Plans answered with the child's plan after an internal error.",
@@ -87,25 +149,24 @@ class AdaptiveLbCollector(Collector):
         )
         info = InfoMetricFamily("adaptive_lb_config", "The config in force.", labels=["policy"])
         for name, policy in zip(self.names, self.policies, strict=True):
-            snapshot = policy.snapshot()
+            try:
+                snapshot = policy.snapshot()
+            except Exception:  # one broken policy must not hide the others
+                log.warning("adaptive-lb: snapshot of policy %r failed", name, exc_info=True)
+                continue
             for host in snapshot.hosts:
                 labels = [name, host.address, host.datacenter or "", host.rack or ""]
-                in_flight.add_metric(labels, host.in_flight)
                 label_map = dict(zip(_HOST_LABELS, labels, strict=True))
-                for quantile, value in (
-                    ("0.5", host.latency_p50),
-                    ("0.95", host.latency_p95),
-                    ("0.99", host.latency_p99),
-                ):
+                in_flight.add_metric(labels, host.in_flight)
+                for quantile, attribute in _QUANTILES:
+                    value = getattr(host, attribute)
                     if value is not None:
                         latency.add_sample(
                             "adaptive_lb_host_latency_seconds",
                             {**label_map, "quantile": quantile},
                             value,
                         )
-                latency.add_sample(
-                    "adaptive_lb_host_latency_seconds_count", label_map, host.requests
-                )
+                window.add_metric(labels, host.requests)
                 requests.add_metric(labels, host.requests_total)
                 errors.add_metric(labels, host.errors_total)
                 timeouts.add_metric(labels, host.timeouts_total)
@@ -113,18 +174,21 @@ class AdaptiveLbCollector(Collector):
                     value = 1.0 if state.value == host.health_state else 0.0
                     health.add_metric([*labels, state.value], value)
                 penalty.add_metric(labels, host.health_penalty)
-            for position, count in policy.decisions_by_position.items():
+            for position, count in getattr(policy, "decisions_by_position", {}).items():
                 decisions.add_metric([name, position], count)
             cache_hits.add_metric([name], snapshot.replica_cache_hits)
             cache_misses.add_metric([name], snapshot.replica_cache_misses)
             cache_evictions.add_metric([name], snapshot.replica_cache_evictions)
+            cache_invalidations.add_metric([name], snapshot.replica_cache_invalidations)
+            cache_size.add_metric([name], snapshot.replica_cache_size)
             fallbacks.add_metric([name], snapshot.internal_errors)
-            for result, count in policy.config_reloads.items():
+            for result, count in getattr(policy, "config_reloads", {}).items():
                 reloads.add_metric([name, result], count)
             info.add_metric([name], {"hash": snapshot.config_hash})
         yield from (
             in_flight,
             latency,
+            window,
             requests,
             errors,
             timeouts,
@@ -134,20 +198,49 @@ class AdaptiveLbCollector(Collector):
             cache_hits,
             cache_misses,
             cache_evictions,
+            cache_invalidations,
+            cache_size,
             fallbacks,
             reloads,
             info,
         )
+        yield from _span_families()
+
+
+def _span_families() -> Iterator[Metric]:
+    totals = span_export_totals()
+    if totals is None:
+        return
+    exported = CounterMetricFamily(
+        "adaptive_lb_trace_spans_exported",
+        "Spans the OTLP exporter delivered (every setup_tracing provider of the process).",
+    )
+    exported.add_metric([], totals.exported)
+    dropped = CounterMetricFamily(
+        "adaptive_lb_trace_spans_dropped",
+        "Spans that never reached the OTLP receiver, by reason.",
+        labels=["reason"],
+    )
+    dropped.add_metric(["queue_full"], totals.queue_full)
+    dropped.add_metric(["export_failed"], totals.export_failed)
+    dropped.add_metric(["shutdown"], totals.shutdown)
+    yield exported
+    yield dropped
 
 
 def start_prometheus_server(
     port: int,
     addr: str = "127.0.0.1",
-    policies: Iterable[Any] = (),
+    policies: Any | Iterable[Any] = (),
     registry: CollectorRegistry | None = None,
+    names: Sequence[str] | None = None,
 ) -> tuple[Any, Any]:
-    """Serve ``/metrics`` for ``policies`` on ``addr:port`` (loopback by default; port 0
-    picks a free one). Returns ``(server, thread)``; ``server.server_port`` is the port."""
+    """Serve ``/metrics`` for ``policies`` (a policy or several, see
+    :class:`AdaptiveLbCollector`) on ``addr:port`` -- loopback by default; port 0 picks a
+    free one. ``registry`` defaults to prometheus_client's global one (which also exposes
+    the process and platform collectors); registering the same families twice in one
+    registry raises ``ValueError``. Returns ``(server, thread)``: ``server.server_port`` is
+    the port, ``server.shutdown()`` then ``server.server_close()`` stop it."""
     registry = registry if registry is not None else REGISTRY
-    registry.register(AdaptiveLbCollector(list(policies)))
+    registry.register(AdaptiveLbCollector(_policies(policies), names))
     return start_http_server(port, addr=addr, registry=registry)

@@ -86,3 +86,11 @@ def test_decision_lands_in_the_instrumentation_span(driver_factory, nodes, trace
         assert len(decisions) == 1, span.name
         assert decisions[0].attributes["server.address"] == coordinator
         assert decisions[0].attributes["adaptive_lb.position"] == "replica"
+        # Recorded while the span was current: the instrumentation starts its span before
+        # calling Session.execute_async, which builds the ResponseFuture and its query plan.
+        assert span.start_time <= decisions[0].timestamp <= span.end_time
+    # No enclosing span (a paging fetch, or the instrumentation removed): nothing recorded.
+    recorded = policy._tracer.recorded
+    instrumentation.CassandraInstrumentor().uninstrument()
+    session.execute(statement, [99])
+    assert policy._tracer.recorded == recorded

@@ -169,3 +169,67 @@ def test_traced_plan_is_the_same_permutation(tracing):
             plan = list(policy.make_query_plan("ks", statement(key)))
             assert sorted(plan) == sorted(model.hosts_by_dc["dc1"])
     assert policy.internal_errors == 0
+
+
+def test_child_span_mode_without_an_enclosing_span_records_nothing(tracing):
+    provider, exporter = tracing
+    _, policy = make_policy(provider, mode="span")
+    plan = list(policy.make_query_plan("ks", statement()))
+    assert len(plan) == 6
+    assert exporter.get_finished_spans() == ()
+    assert policy.internal_errors == 0
+
+
+def test_child_span_mode_carries_health_transitions_and_keeps_privacy(tracing):
+    provider, exporter = tracing
+    model, policy = make_policy(provider, mode="span")
+    stmt = statement(SENTINEL_KEY)
+    replica = next(
+        h for h in model.metadata.get_replicas("ks", stmt.routing_key) if h.datacenter == "dc1"
+    )
+    policy.health.mark_up(replica, policy.stats.get(replica))
+    with provider.get_tracer("app").start_as_current_span("request"):
+        list(policy.make_query_plan("ks", stmt))
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    child = spans[SPAN_NAME]
+    assert [e.name for e in child.events] == ["adaptive_lb.health_transition"]
+    assert child.events[0].attributes["server.address"] == replica.address
+    assert spans["request"].events == ()  # nothing on the parent in span mode
+    dumped = repr(dict(child.attributes)) + repr([dict(e.attributes) for e in child.events])
+    dumped += repr(dict(spans["request"].attributes or {})) + child.name
+    for secret in (SENTINEL_KEY.hex(), repr(SENTINEL_KEY), "secret_column_7731", "bound-value"):
+        assert secret not in dumped
+
+
+def test_attributes_off_records_the_chosen_host_only(tracing):
+    provider, exporter = tracing
+    _, policy = make_policy(provider, attributes=False)
+    with provider.get_tracer("app").start_as_current_span("request"):
+        plan = list(policy.make_query_plan("ks", statement()))
+    (span,) = exporter.get_finished_spans()
+    (event,) = span.events
+    assert event.attributes["server.address"] == plan[0].address
+    assert not [k for k in event.attributes if k.startswith("adaptive_lb.candidates.")]
+
+
+def test_ratio_zero_records_nothing(tracing):
+    provider, exporter = tracing
+    _, policy = make_policy(provider, ratio=0.0)
+    with provider.get_tracer("app").start_as_current_span("request"):
+        for _ in range(200):
+            list(policy.make_query_plan("ks", statement()))
+    (span,) = exporter.get_finished_spans()
+    assert span.events == ()
+    assert policy._tracer.recorded == 0
+
+
+def test_non_recording_span_records_nothing():
+    """A span the sampler dropped is not recording: no decision, no cost beyond the check."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    _, policy = make_policy(provider)
+    with provider.get_tracer("app").start_as_current_span("request") as span:
+        assert not span.is_recording()
+        list(policy.make_query_plan("ks", statement()))
+    assert policy._tracer.recorded == 0
