@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from typing import Any
 
 from cassandra import OperationTimedOut
@@ -34,7 +33,7 @@ from cassandra.protocol import (
     WriteTimeoutErrorMessage,
 )
 
-from adaptive_lb._driver import future_policy, hook_future
+from adaptive_lb._driver import FUTURE_POLICY_ATTRIBUTE, hook_future
 from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
 
 __all__ = ["RequestTracker", "instrument"]
@@ -56,72 +55,56 @@ _CLIENT_ERROR_CODES = frozenset(
 )
 
 
-class _Attempts:
-    """The outstanding attempts of one ResponseFuture: usually one (kept in three slots,
-    no container), more with speculative executions or a retry racing a late response.
-    A lock makes release exactly-once across the I/O thread that delivers responses, the
-    timer thread that fires timeouts and speculative executions, and the application
-    thread."""
+class _Attempts(dict):  # type: ignore[type-arg]
+    """The outstanding attempts of one ResponseFuture: ``id(host) -> (its HostStats, send
+    time in ns)``. Usually one, more with speculative executions or a retry racing a late
+    response.
 
-    __slots__ = ("_lock", "by_id", "extra", "host", "now_ns", "policy", "sent_ns", "stats")
+    Release is exactly-once across the I/O thread that delivers responses, the timer thread
+    that fires timeouts and speculative executions, and the application thread, without a
+    lock: an attempt is released only by whoever *pops* it, and ``dict.pop`` /
+    ``dict.popitem`` are atomic (under the GIL, and per object under free-threaded CPython).
+    A dict subclass rather than an object holding a dict: one fewer allocation and no Python
+    ``__init__`` per request."""
 
-    def __init__(self, policy: AdaptiveLoadBalancingPolicy) -> None:
-        self.policy = policy
-        self.by_id = policy._topology.by_id
-        self.now_ns = policy._now_ns
-        self.host: Any = None
-        self.stats: Any = None
-        self.sent_ns = 0
-        self.extra: dict[int, tuple[Any, Any, int]] | None = None
-        self._lock = threading.Lock()
+    __slots__ = ("policy",)
 
-    def sent(self, host: Any) -> Any:
-        view = self.by_id.get(id(host))
-        stats = view.stats if view is not None else self.policy.stats.get(host)
+    policy: AdaptiveLoadBalancingPolicy
+
+    @classmethod
+    def of(cls, policy: AdaptiveLoadBalancingPolicy) -> _Attempts:
+        """No attempt yet, for a request planned by ``policy``."""
+        attempts = cls()
+        attempts.policy = policy
+        return attempts
+
+    def sent(self, host: Any) -> None:
+        """An attempt is about to be written to ``host``."""
+        policy = self.policy
+        view = policy._topology.by_id.get(id(host))
+        stats = view.stats if view is not None else policy.stats.get(host)
         stats.on_send()
-        now = self.now_ns()
-        with self._lock:
-            if self.host is None:
-                self.host, self.stats, self.sent_ns = host, stats, now
-                return None
-            if self.host is host:
-                # The same host again while its attempt is outstanding (a retry racing a
-                # late response): the older attempt is superseded.
-                previous = self.stats
-                self.stats, self.sent_ns = stats, now
-            else:
-                if self.extra is None:
-                    self.extra = {}
-                entry = self.extra.get(id(host))
-                previous = entry[1] if entry is not None else None
-                self.extra[id(host)] = (host, stats, now)
+        key = id(host)
+        # The same host again while its attempt is outstanding (a retry racing a late
+        # response): the older attempt is superseded.
+        previous = self.pop(key, None)
+        self[key] = (stats, policy._now_ns())
         if previous is not None:
-            previous.on_abandon()
-        return None
+            previous[0].on_abandon()
 
-    def not_sent(self, host: Any, _token: Any) -> None:
-        released = self._take(host)
-        if released is not None:
-            released[0].on_unsent()
-
-    def _take(self, host: Any) -> tuple[Any, int] | None:
-        with self._lock:
-            if self.host is host:
-                taken = (self.stats, self.sent_ns)
-                self.host = self.stats = None
-                return taken
-            if self.extra:
-                entry = self.extra.pop(id(host), None)
-                if entry is not None:
-                    return entry[1], entry[2]
-        return None
+    def not_sent(self, host: Any) -> None:
+        """The attempt counted by :meth:`sent` was never written."""
+        taken = self.pop(id(host), None)
+        if taken is not None:
+            taken[0].on_unsent()
 
     def answered(self, host: Any, response: Any) -> None:
-        taken = self._take(host)
+        """``host`` answered (a message, or an exception for a broken connection)."""
+        taken = self.pop(id(host), None)
         if taken is None:
             return  # already released (timed out, superseded), or not sent through _query
         stats, sent_ns = taken
-        latency_ns = self.now_ns() - sent_ns
+        latency_ns = self.policy._now_ns() - sent_ns
         if type(response) is ResultMessage:
             stats.on_success(latency_ns)
         elif isinstance(response, (ReadTimeoutErrorMessage, WriteTimeoutErrorMessage)):
@@ -139,22 +122,18 @@ class _Attempts:
     def ended(self, exception: BaseException | None) -> None:
         """The request is over: what is still outstanding lost to another attempt, or
         timed out with the request."""
-        with self._lock:
-            if self.host is None and not self.extra:
+        if not self:
+            return
+        timed_out = isinstance(exception, OperationTimedOut)
+        now = self.policy._now_ns()
+        while True:
+            try:
+                _, (stats, sent_ns) = self.popitem()
+            except KeyError:
                 return
-            outstanding = []
-            if self.host is not None:
-                outstanding.append((self.stats, self.sent_ns))
-                self.host = self.stats = None
-            if self.extra:
-                outstanding.extend((entry[1], entry[2]) for entry in self.extra.values())
-                self.extra = None
-        if isinstance(exception, OperationTimedOut):
-            now = self.now_ns()
-            for stats, sent_ns in outstanding:
+            if timed_out:
                 stats.on_timeout(now - sent_ns)
-        else:
-            for stats, _ in outstanding:
+            else:
                 stats.on_abandon()
 
 
@@ -174,11 +153,13 @@ class RequestTracker:
         session.add_request_init_listener(self._on_request)
 
     def _on_request(self, future: Any) -> None:
-        policy = future_policy(future)
+        policy = getattr(future, FUTURE_POLICY_ATTRIBUTE, None)
         if self._closed or not isinstance(policy, AdaptiveLoadBalancingPolicy):
             self.untracked_requests += 1
             return
-        hook_future(future, _Attempts(policy))
+        attempts = _Attempts()
+        attempts.policy = policy
+        hook_future(future, attempts)
 
     def close(self) -> None:
         """Stop tracking new requests (requests already hooked are still released when

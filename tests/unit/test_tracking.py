@@ -67,7 +67,7 @@ def test_outcomes_are_classified():
         (ConnectionShutdown("gone"), "error"),
     ]
     for response, _ in cases:
-        attempts = _Attempts(policy)
+        attempts = _Attempts.of(policy)
         attempts.sent(host)
         assert stats.in_flight == 1
         clock.advance(3 * MS)
@@ -82,7 +82,7 @@ def test_outcomes_are_classified():
 def test_speculative_loser_is_released_once_when_the_request_ends():
     model, policy, _tracker = setup()
     first, second = model.hosts[0], model.hosts[1]
-    attempts = _Attempts(policy)
+    attempts = _Attempts.of(policy)
     attempts.sent(first)
     attempts.sent(second)  # speculative execution
     attempts.answered(second, success())
@@ -97,7 +97,7 @@ def test_speculative_loser_is_released_once_when_the_request_ends():
 def test_client_timeout_counts_a_timeout_on_every_outstanding_attempt():
     clock = ManualClock(0)
     model, policy, _tracker = setup(clock)
-    attempts = _Attempts(policy)
+    attempts = _Attempts.of(policy)
     attempts.sent(model.hosts[0])
     attempts.sent(model.hosts[1])
     clock.advance(2000 * MS)
@@ -110,9 +110,9 @@ def test_client_timeout_counts_a_timeout_on_every_outstanding_attempt():
 
 def test_not_sent_attempt_is_released():
     model, policy, _tracker = setup()
-    attempts = _Attempts(policy)
-    token = attempts.sent(model.hosts[0])
-    attempts.not_sent(model.hosts[0], token)
+    attempts = _Attempts.of(policy)
+    attempts.sent(model.hosts[0])
+    attempts.not_sent(model.hosts[0])
     stats = policy.stats.get(model.hosts[0])
     assert stats.in_flight == 0
     assert (stats.unsent_total, stats.abandons_total, stats.requests_total) == (1, 0, 0)
@@ -123,7 +123,7 @@ def test_shutdown_releases_everything_in_flight():
     model, policy, tracker = setup()
     pending = []
     for host in model.hosts:
-        attempts = _Attempts(policy)
+        attempts = _Attempts.of(policy)
         attempts.sent(host)
         pending.append((attempts, host))
     assert sum(policy.stats.get(h).in_flight for h in model.hosts) == len(model.hosts)
@@ -152,7 +152,7 @@ def test_many_threads_random_attempt_histories_end_at_zero():
         rng = random.Random(seed)
         attempts_made = outcomes = 0
         while attempts_made < 100_000:
-            request = _Attempts(policy)
+            request = _Attempts.of(policy)
             plan = rng.sample(hosts, 3)
             outstanding = [plan[0]]
             request.sent(plan[0])
