@@ -284,6 +284,10 @@ class HealthConfig:
     """Hysteresis: seconds a host stays in a state before it may leave it."""
     refresh_interval: float = _duration(0.2, _ge(0.01), _le(60.0))
     """Seconds between health refreshes (percentiles are computed only then)."""
+    stall_timeout: float = _duration(2.0, _ge(0.0))
+    """ERRORING when requests are in flight on the host and it has answered none of them
+    (a timeout is not an answer) for this long: a stalled node (long GC pause, hung
+    process). 0 disables."""
     penalties: HealthPenalties = field(factory=HealthPenalties)
     """Score multiplier per health state."""
 

@@ -16,9 +16,12 @@ States (:class:`HealthState`):
   samples. Penalty ``penalties.slow``. A host without peers that have data cannot be
   judged SLOW: there is nothing to be an outlier against.
 * ERRORING -- (errors + timeouts) / requests above ``error_rate`` over at least
-  ``min_samples`` requests. Wins over SLOW. Penalty ``penalties.erroring``. Fast errors
-  never enter the latency histogram (see :mod:`adaptive_lb.stats`), so a node failing fast
-  is caught here and never looks fast.
+  ``min_samples`` requests; or *stalled*: requests in flight on it and not one answer (a
+  timeout is not an answer) for ``stall_timeout``. Wins over SLOW. Penalty
+  ``penalties.erroring``. Fast errors never enter the latency histogram (see
+  :mod:`adaptive_lb.stats`), so a node failing fast is caught here and never looks fast. A
+  stall needs no sample count: a node paused by a long GC answers nothing, and the few
+  requests caught on it time out far too slowly to reach ``min_samples``.
 * WARMING -- the host came back (up again: :meth:`HealthModel.mark_up`, or recovered from
   SLOW / ERRORING). Its penalty decays from ``penalties.warming`` to ``penalties.healthy``
   (1) over ``slow_start`` seconds so that the share of traffic it gets, about 1 / penalty,
@@ -167,6 +170,7 @@ def assess(
     config: HealthConfig,
     now_ns: int,
     window_s: float = 10.0,
+    stalled_s: float = 0.0,
 ) -> HostHealth:
     """The next verdict for a host; a pure function (see the module docstring for the
     rules).
@@ -175,6 +179,8 @@ def assess(
     of the peers' latency at that percentile (None when no peer has ``min_samples``: then
     the host cannot be SLOW). ``window_s`` is the statistics window's length: after that
     long in SLOW / ERRORING without ``min_samples`` of fresh evidence a host starts WARMING.
+    ``stalled_s`` is how long the host has had requests in flight without answering any
+    (0 when it has none in flight, or answered since the last refresh).
     """
     penalties = config.penalties
     latency = window.latency.get(float(config.percentile))
@@ -184,6 +190,7 @@ def assess(
     threshold = (
         None if peer_median is None else max(config.outlier_factor * peer_median, config.slow_floor)
     )
+    stalled = 0 < config.stall_timeout <= stalled_s
     erroring = enough_requests and error_rate > config.error_rate
     slow = enough_samples and threshold is not None and latency is not None and latency > threshold
     state = previous.state
@@ -219,6 +226,13 @@ def assess(
         )
 
     # Getting worse: at once.
+    if stalled and state is not HealthState.ERRORING:
+        return verdict(
+            HealthState.ERRORING,
+            penalties.erroring,
+            f"stalled: no answer for {stalled_s:.1f}s with {window.in_flight} requests in flight",
+            now_ns,
+        )
     if erroring and state is not HealthState.ERRORING:
         return verdict(
             HealthState.ERRORING,
@@ -231,7 +245,7 @@ def assess(
         return verdict(HealthState.SLOW, penalties.slow, slow_reason(), now_ns)
 
     if state is HealthState.ERRORING:
-        if not settled:
+        if not settled or stalled:
             return hold(penalties.erroring)
         if enough_requests and error_rate < config.recovery_factor * config.error_rate:
             if slow:
@@ -311,6 +325,9 @@ class HealthModel:
         """Guards the verdicts while a refresh applies them against mark_up / forget."""
         self._forgotten: set[Hashable] = set()
         """Keys forgotten since the last refresh began (it must not re-add them)."""
+        self._answered: dict[Hashable, tuple[int, int]] = {}
+        """Per host: (answers counted at the last refresh, since when it has had requests in
+        flight without a new answer, ns), for the stall rule."""
         self._next_refresh_ns = 0
         self.refreshes = 0
         """Refreshes done (for tests and diagnostics)."""
@@ -357,6 +374,7 @@ class HealthModel:
         with self._state_lock:
             self._health.pop(key, None)
             self._windows.pop(key, None)
+            self._answered.pop(key, None)
             self._unreported.pop(key, None)
             # A refresh may be computing windows from a mapping that still holds the key.
             self._forgotten.add(key)
@@ -427,10 +445,11 @@ class HealthModel:
                     peers = _median_without(group, latency)
                 else:
                     peers = peer_median(group)
-                old = self._health.get(key) or HostHealth.initial(now, config)
-                new = assess(old, window, peers, config, now, window_s)
-                self._health[key] = new
                 host = stats[key]
+                old = self._health.get(key) or HostHealth.initial(now, config)
+                stalled_s = self._stalled_s(key, host, window.in_flight, now)
+                new = assess(old, window, peers, config, now, window_s, stalled_s)
+                self._health[key] = new
                 host.health_penalty = new.penalty
                 host.health_state = new.state
                 if new.state is not old.state:
@@ -439,12 +458,25 @@ class HealthModel:
                     self._unreported[key] = transition
             for key in self._forgotten:
                 windows.pop(key, None)
+                self._answered.pop(key, None)
             self._forgotten.clear()
             self._windows = windows
             self.refreshes += 1
         for transition in transitions:
             self._log(transition)
         return transitions
+
+    def _stalled_s(self, key: Hashable, host: HostStats, in_flight: int, now_ns: int) -> float:
+        """Seconds ``key`` has had requests in flight without answering any, judged from
+        its answer count at successive refreshes (no cost on the request path). Timeouts
+        are not answers; client-side ones are counted the same way as server-side ones, so
+        neither is."""
+        answers = host.requests_total - host.timeouts_total
+        previous = self._answered.get(key)
+        if previous is None or previous[0] != answers or in_flight <= 0:
+            self._answered[key] = (answers, now_ns)
+            return 0.0
+        return (now_ns - previous[1]) / _NS
 
     @staticmethod
     def _log(transition: HealthTransition) -> None:

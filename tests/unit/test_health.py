@@ -234,6 +234,97 @@ def test_fast_failing_host_turns_erroring_and_never_looks_fast():
     assert window_stats.latency[50.0] == pytest.approx(0.005, rel=0.01)  # only real answers
 
 
+def test_stalled_host_turns_erroring_without_min_samples():
+    """Requests in flight and no answer for stall_timeout: ERRORING, whatever the window
+    holds (a GC-paused node answers nothing, so its window never reaches min_samples)."""
+    c = Cluster(HealthConfig(stall_timeout=2.0))
+    c.feed_all(5.0, 100)
+    stalled = c.stats["h0"]
+    for _ in range(3):
+        stalled.on_send()  # caught on the node when it stopped
+    c.refresh()
+    c.clock.advance(1900 * MS)
+    for key in ("h1", "h2", "h3", "h4"):
+        c.feed(key, 5.0, 10)  # everyone else keeps answering...
+        c.stats[key].on_send()  # ...with requests in flight
+    assert c.refresh() == [] and c.state("h0") is HEALTHY
+    c.clock.advance(200 * MS)
+    c.feed("h1", 5.0, 10)
+    transitions = c.refresh()
+    assert [(t.key, t.new.state) for t in transitions] == [("h0", ERRORING)]
+    assert transitions[0].new.reason == "stalled: no answer for 2.1s with 3 requests in flight"
+    assert c.penalty("h0") == 64.0
+    # Client timeouts release the attempts (they are not answers): the stall is over, and
+    # the usual rules judge the window, whose p99 is now those 3 s timeouts: SLOW.
+    c.clock.advance(1 * S)
+    for _ in range(3):
+        stalled.on_timeout(3 * S)
+    c.refresh()
+    assert stalled.in_flight == 0
+    assert c.state("h0") is SLOW and c.penalty("h0") == 64.0
+
+
+def test_a_stalled_host_stays_erroring_while_it_stays_stalled():
+    c = Cluster(HealthConfig(stall_timeout=1.0, min_state_duration=0.5))
+    c.feed_all(5.0, 100)
+    c.stats["h0"].on_send()
+    c.refresh()
+    c.clock.advance(1 * S)
+    c.refresh()
+    assert c.state("h0") is ERRORING
+    # Well past min_state_duration and the window (no fresh evidence): still stalled, so
+    # no probing -- the request that hangs on it is the evidence.
+    for _ in range(30):
+        c.clock.advance(500 * MS)
+        for key in ("h1", "h2", "h3", "h4"):
+            c.feed(key, 5.0, 10)
+        c.refresh()
+        assert c.state("h0") is ERRORING
+    # It answers: the stall is over and the usual way back applies (probing: WARMING).
+    c.stats["h0"].on_success(15 * S)
+    c.clock.advance(200 * MS)
+    c.refresh()
+    assert c.state("h0") is WARMING
+
+
+def test_busy_host_that_keeps_answering_is_not_stalled():
+    c = Cluster(HealthConfig(stall_timeout=0.5))
+    for _ in range(40):
+        for stats in c.stats.values():
+            stats.on_send()
+            stats.on_send()
+            stats.on_success(5 * MS)  # one answered, one still in flight: always busy
+        c.clock.advance(100 * MS)
+        c.refresh()
+    assert all(c.state(k) is HEALTHY for k in c.stats)
+    assert all(s.in_flight == 40 for s in c.stats.values())
+
+
+def test_idle_host_is_not_stalled_and_zero_disables_the_rule():
+    c = Cluster(HealthConfig(stall_timeout=0.0))
+    c.stats["h0"].on_send()
+    for _ in range(20):
+        c.clock.advance(1 * S)
+        c.refresh()
+    assert c.state("h0") is HEALTHY  # disabled
+    c = Cluster(HealthConfig(stall_timeout=1.0))
+    for _ in range(20):  # nothing in flight anywhere: nothing is stalled
+        c.clock.advance(1 * S)
+        c.refresh()
+    assert all(c.state(k) is HEALTHY for k in c.stats)
+
+
+def test_assess_stall_rule_is_pure():
+    config = HealthConfig(stall_timeout=2.0)
+    healthy = HostHealth.initial(0, config)
+    empty = window(latency=None, samples=0)
+    assert assess(healthy, empty, None, config, 5 * S, stalled_s=1.99).state is HEALTHY
+    verdict = assess(healthy, empty, None, config, 5 * S, stalled_s=2.0)
+    assert (verdict.state, verdict.since_ns, verdict.penalty) == (ERRORING, 5 * S, 64.0)
+    off = HealthConfig(stall_timeout=0.0)
+    assert assess(healthy, empty, None, off, 5 * S, stalled_s=100.0).state is HEALTHY
+
+
 def test_erroring_needs_min_samples_requests():
     c = Cluster()
     c.feed_all(5.0, 100)
