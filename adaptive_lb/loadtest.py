@@ -79,7 +79,7 @@ class RunReport:
         }
 
 
-def _make_policy(kind: str, options: LoadtestOptions) -> Any:
+def _make_policy(kind: str, options: LoadtestOptions, tracer_provider: Any = None) -> Any:
     from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
     child = TokenAwarePolicy(DCAwareRoundRobinPolicy(options.local_dc))
@@ -93,7 +93,7 @@ def _make_policy(kind: str, options: LoadtestOptions) -> Any:
         from adaptive_lb.config import load_config
 
         config = load_config(options.config)
-    return AdaptiveLoadBalancingPolicy(child, config)
+    return AdaptiveLoadBalancingPolicy(child, config, tracer_provider=tracer_provider)
 
 
 def _progress(label: str, err: TextIO, duration: float):
@@ -114,12 +114,21 @@ def _one_run(
     contact_points: list[str],
     err: TextIO,
     connect: Any,
+    tracer_provider: Any = None,
 ) -> RunReport:
     from adaptive_lb.peers.load import closed_loop
     from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
     from adaptive_lb.tracking import instrument
 
-    policy = _make_policy(kind, options)
+    policy = _make_policy(kind, options, tracer_provider)
+    request_context = None
+    if tracer_provider is not None:
+        # One span per request, so the policy has a recording parent for its decision.
+        tracer = tracer_provider.get_tracer("adaptive_lb.loadtest")
+
+        def request_context() -> Any:
+            return tracer.start_as_current_span(f"loadtest {kind} request")
+
     cluster, session = connect(contact_points, policy, port=options.port)
     with ExitStack() as stack:
         stack.callback(cluster.shutdown)
@@ -145,6 +154,7 @@ def _one_run(
             options.duration,
             timeout=options.timeout,
             progress=_progress(kind, err, options.duration),
+            request_context=request_context,
         )
         err.write("\n")
         hosts = []
@@ -218,6 +228,7 @@ def run_loadtest(
     kinds = ["stock", "adaptive"] if options.compare else [options.policy]
     with ExitStack() as stack:
         contact_points = list(options.contact_points)
+        provider = None
         if options.otlp_endpoint:
             from adaptive_lb.config import OtlpConfig, TracingConfig
             from adaptive_lb.exporters import setup_tracing
@@ -230,7 +241,9 @@ def run_loadtest(
             contact_points = _start_simulated(options, stack, err)
         if not contact_points:
             raise SystemExit("give --contact-points, or --simulated")
-        reports = [_one_run(kind, options, contact_points, err, connect_driver) for kind in kinds]
+        reports = [
+            _one_run(kind, options, contact_points, err, connect_driver, provider) for kind in kinds
+        ]
     if options.json:
         out.write(json.dumps([r.as_dict() for r in reports], indent=2) + "\n")
     else:

@@ -6,11 +6,13 @@ passed; every request's attempted hosts, coordinator and latency are kept.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from attrs import define, field
@@ -56,10 +58,14 @@ def closed_loop(
     timeout: float = 2.0,
     disable_gc: bool = True,
     progress: Callable[[float, int], None] | None = None,
+    request_context: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> LoadResult:
     """Run ``concurrency`` closed-loop clients for ``duration`` seconds.
 
     ``make_statement(i)`` returns ``(statement, parameters)`` for request number ``i``.
+    ``request_context()``, when given, is entered around each request, from
+    ``execute_async`` to its result (e.g. an OpenTelemetry span the policy records its
+    decision on).
     With ``disable_gc`` the cyclic garbage collector is off during the run (it adds 20-60 ms
     pauses to the Python client's p99, noise that is not the cluster's), and collected after.
     ``progress(elapsed_seconds, completed_requests)`` is called about once a second.
@@ -68,7 +74,15 @@ def closed_loop(
         gc.collect()
         gc.disable()
     try:
-        return _closed_loop(session, make_statement, concurrency, duration, timeout, progress)
+        return _closed_loop(
+            session,
+            make_statement,
+            concurrency,
+            duration,
+            timeout,
+            progress,
+            request_context or contextlib.nullcontext,
+        )
     finally:
         if disable_gc:
             gc.enable()
@@ -82,6 +96,7 @@ def _closed_loop(
     duration: float,
     timeout: float,
     progress: Callable[[float, int], None] | None,
+    request_context: Callable[[], AbstractContextManager[Any]],
 ) -> LoadResult:
     result = LoadResult()
     lock = threading.Lock()
@@ -96,11 +111,15 @@ def _closed_loop(
         while time.monotonic() < deadline:
             statement, parameters = make_statement(next(counter))
             start = time.perf_counter()
-            future = session.execute_async(statement, parameters, timeout=timeout)
-            try:
-                future.result()
-            except Exception as exc:
-                local.errors[type(exc).__name__] += 1
+            error = None
+            with request_context():
+                future = session.execute_async(statement, parameters, timeout=timeout)
+                try:
+                    future.result()
+                except Exception as exc:
+                    error = exc
+            if error is not None:
+                local.errors[type(error).__name__] += 1
             else:
                 local.latencies.append(time.perf_counter() - start)
                 if future.coordinator_host is not None:

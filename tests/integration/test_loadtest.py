@@ -5,10 +5,13 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import threading
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from adaptive_lb.loadtest import LoadtestOptions, run_loadtest
+from tests.unit.test_otlp import Receiver, otlp_spans
 
 pytestmark = [
     pytest.mark.integration,
@@ -33,3 +36,33 @@ def test_simulated_compare_with_a_slow_node():
     assert reports[1].p99_ms < reports[0].p99_ms
     assert json.loads(out.getvalue())[1]["policy"] == "adaptive"
     assert "slow node" in err.getvalue()
+
+
+def test_otlp_endpoint_exports_each_request_with_its_decision():
+    """``--otlp-endpoint``: one span per request, carrying the policy's decision event, at a
+    real OTLP/HTTP receiver on 127.0.0.1."""
+    Receiver.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        options = LoadtestOptions(
+            simulated=True,
+            duration=2,
+            concurrency=2,
+            otlp_endpoint=f"http://127.0.0.1:{server.server_port}",
+            json=True,
+        )
+        (report,) = run_loadtest(options, out=io.StringIO(), err=io.StringIO())
+    finally:
+        server.shutdown()
+        server.server_close()
+    spans = otlp_spans(Receiver.received)
+    assert len(spans) == report.requests > 0  # every request, none lost (flushed at exit)
+    coordinators = set()
+    for span in spans:
+        assert span.name == "loadtest adaptive request"
+        (event,) = [e for e in span.events if e.name == "adaptive_lb.decision"]
+        attributes = {a.key: a.value for a in event.attributes}
+        coordinators.add(attributes["server.address"].string_value)
+    local = {h["address"] for h in report.hosts if h["dc"] == "dc1"}
+    assert coordinators and coordinators <= local
