@@ -100,7 +100,11 @@ def add_subcommands(subparsers: Any) -> None:
         help="simulate one scenario file under every policy and compare",
         description="Run one scenario (YAML, see config/scenarios/) and print its table.",
     )
-    simulate.add_argument("scenario_file", metavar="SCENARIO.yaml")
+    simulate.add_argument(
+        "scenario_file",
+        metavar="SCENARIO",
+        help="a scenario file, or the name of a stock one (e.g. gc-pause)",
+    )
     _common(simulate, "adaptive-lb-simulate")
     simulate.add_argument(
         "--policy",
@@ -116,8 +120,8 @@ def run_demo(args: argparse.Namespace) -> int:
     directory = Path(args.scenarios_dir) if args.scenarios_dir else scenario_dir()
     if directory is None:
         print(
-            "adaptive-lb demo: config/scenarios not found; run it from the repository or "
-            "pass --scenarios-dir",
+            "adaptive-lb demo: no scenario folder found (config/scenarios, or the package's "
+            "data/scenarios); pass --scenarios-dir",
             file=sys.stderr,
         )
         return 2
@@ -134,8 +138,12 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Handler of ``adaptive-lb simulate``."""
+    path = Path(args.scenario_file)
+    directory = scenario_dir()
+    if not path.exists() and path.suffix == "" and directory is not None:
+        path = directory / f"{path.name}.yaml"  # a stock scenario by name: gc-pause
     try:
-        scenario = load_scenario(args.scenario_file)
+        scenario = load_scenario(path)
     except ConfigError as exc:
         print(f"adaptive-lb simulate: {exc}", file=sys.stderr)
         return 2

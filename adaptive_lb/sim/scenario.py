@@ -501,10 +501,14 @@ def load_scenario(path: str | os.PathLike[str]) -> Scenario:
 
 
 def scenario_dir() -> Path | None:
-    """``config/scenarios`` of this checkout (or of the current directory), if present."""
+    """Where the stock scenarios are: ``config/scenarios`` of this checkout or of the
+    current directory (so edits there are picked up), else the identical copies shipped in
+    the package (``adaptive_lb/data/scenarios``, for a ``pip install`` without a
+    checkout)."""
     candidates = [
         Path(__file__).resolve().parents[2] / "config" / "scenarios",
         Path.cwd() / "config" / "scenarios",
+        Path(__file__).resolve().parents[1] / "data" / "scenarios",
     ]
     for candidate in candidates:
         if candidate.is_dir():

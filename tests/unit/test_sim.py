@@ -166,6 +166,27 @@ def test_every_shipped_scenario_validates() -> None:
         assert scenario.name == path.stem
 
 
+def test_the_package_ships_identical_copies_of_the_scenarios() -> None:
+    """``pip install adaptive-lb`` without a checkout still has every stock scenario, and
+    they are the documented ones (edit config/scenarios, then copy)."""
+    from importlib import resources
+
+    shipped = resources.files("adaptive_lb").joinpath("data/scenarios")
+    names = {entry.name for entry in shipped.iterdir() if entry.name.endswith(".yaml")}
+    assert names == {path.name for path in SCENARIOS.glob("*.yaml")}
+    for name in names:
+        assert shipped.joinpath(name).read_text("utf-8") == (SCENARIOS / name).read_text("utf-8")
+
+
+def test_simulate_takes_a_stock_scenario_by_name(tmp_path, capsys) -> None:
+    code = main(
+        ["simulate", "local-one", "--requests", "300", "--json", "--no-plots", "--quiet"]
+        + ["--policy", "adaptive", "--out", str(tmp_path)]
+    )
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["scenarios"][0]["name"] == "local-one"
+
+
 def test_bad_scenario_reports_every_error_with_its_key_path() -> None:
     with pytest.raises(ConfigError) as info:
         parse_scenario(
