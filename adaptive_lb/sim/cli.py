@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from adaptive_lb.sim.report import (
 )
 from adaptive_lb.sim.runner import run_many
 from adaptive_lb.sim.scenario import POLICY_NAMES, Scenario, load_scenario, scenario_dir
+from adaptive_lb.sim.tracing import TraceSpec
 
 __all__ = ["DEMO_SCENARIOS", "add_subcommands", "main", "run_demo", "run_simulate"]
 
@@ -71,6 +73,23 @@ def _common(parser: argparse.ArgumentParser, default_out: str) -> None:
         "--jobs", type=int, default=None, help="worker processes (default: one per CPU)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        metavar="URL",
+        help="send sampled request spans with adaptive-lb's decisions over OTLP, e.g. to "
+        "Jaeger at http://127.0.0.1:4318 (virtual time mapped to real time)",
+    )
+    parser.add_argument(
+        "--otlp-protocol", choices=("http", "grpc"), default="http", help="OTLP transport"
+    )
+    parser.add_argument(
+        "--trace-requests",
+        type=int,
+        default=100,
+        metavar="N",
+        help="requests traced per scenario and policy (default 100)",
+    )
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -163,8 +182,24 @@ def _run(scenarios: list[Scenario], args: argparse.Namespace) -> int:
         if bar is not None:
             bar.step(f"{scenario.name}/{policy} ({result.wall_s:.1f}s)")
 
+    trace = None
+    if args.otlp_endpoint:
+        if args.trace_requests < 1:
+            print("--trace-requests must be >= 1", file=sys.stderr)
+            return 2
+        trace = TraceSpec(
+            endpoint=args.otlp_endpoint,
+            epoch_ns=time.time_ns(),
+            requests=args.trace_requests,
+            protocol=args.otlp_protocol,
+        )
     results = run_many(
-        jobs, seed=args.seed, requests=args.requests, workers=args.jobs, on_done=done
+        jobs,
+        seed=args.seed,
+        requests=args.requests,
+        workers=args.jobs,
+        on_done=done,
+        trace=trace,
     )
     reports = []
     index = 0

@@ -117,15 +117,19 @@ def build_policy(
     config: Config,
     clock: Clock,
     rng: random.Random,
+    tracer_provider: Any = None,
 ) -> PolicyKit:
-    """The policy ``name`` for a client in ``zone`` of ``datacenter``."""
+    """The policy ``name`` for a client in ``zone`` of ``datacenter`` (adaptive-lb records
+    its decisions through ``tracer_provider`` when a span is current)."""
     if name == "token-aware":
         return PolicyKit(name, _token_aware(datacenter), NoFeedback())
     if name == "round-robin":
         return PolicyKit(name, DCAwareRoundRobinPolicy(datacenter), NoFeedback())
     if name == "adaptive":
         config = attrs.evolve(config, policy=attrs.evolve(config.policy, local_rack=zone))
-        policy = AdaptiveLoadBalancingPolicy(_token_aware(datacenter), config, clock=clock)
+        policy = AdaptiveLoadBalancingPolicy(
+            _token_aware(datacenter), config, clock=clock, tracer_provider=tracer_provider
+        )
         return PolicyKit(
             name,
             policy,

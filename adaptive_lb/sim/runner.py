@@ -28,6 +28,7 @@ from adaptive_lb.sim.metrics import PolicyResult, Recorder
 from adaptive_lb.sim.model import Network, Node, SimCluster
 from adaptive_lb.sim.policies import LABELS, build_policy
 from adaptive_lb.sim.scenario import Scenario
+from adaptive_lb.sim.tracing import RequestTracer, TraceSpec, start_provider
 from adaptive_lb.sim.workload import Client, KeyChooser, LoadGenerator, make_statements
 
 __all__ = ["SimulatedCluster", "run_many", "run_policy", "setup"]
@@ -129,9 +130,31 @@ def _balance_tokens(scenario: Scenario, model: Any, nodes: list[Node], rng: rand
 
 
 def run_policy(
-    scenario: Scenario, policy: str, *, seed: int | None = None, requests: int | None = None
+    scenario: Scenario,
+    policy: str,
+    *,
+    seed: int | None = None,
+    requests: int | None = None,
+    trace: TraceSpec | None = None,
 ) -> PolicyResult:
-    """Simulate ``scenario`` with every client using ``policy``."""
+    """Simulate ``scenario`` with every client using ``policy``; with ``trace``, a sample of
+    its requests is exported as spans carrying adaptive-lb's decisions."""
+    provider = start_provider(trace) if trace is not None else None
+    try:
+        return _run_policy(scenario, policy, seed, requests, trace, provider)
+    finally:
+        if provider is not None:
+            provider.shutdown()  # flushes what is queued
+
+
+def _run_policy(
+    scenario: Scenario,
+    policy: str,
+    seed: int | None,
+    requests: int | None,
+    trace: TraceSpec | None,
+    provider: Any,
+) -> PolicyResult:
     started = time.perf_counter()
     seed = scenario.seed if seed is None else seed
     if requests is not None:
@@ -154,6 +177,7 @@ def run_policy(
                 config=scenario.adaptive_lb,
                 clock=sim.clock,
                 rng=policy_rng,
+                tracer_provider=provider,
             )
             kit.policy.populate(sim.model.cluster, list(sim.model.hosts))
             kits.append(kit)
@@ -181,6 +205,18 @@ def run_policy(
         for kit in kits:
             kit.policy.on_up(host)
 
+    if trace is not None:
+        tracer = RequestTracer(
+            provider,
+            trace,
+            scenario=scenario.name,
+            policy=policy,
+            clock=sim.clock,
+            expected_requests=scenario.requests,
+        )
+        for client in clients:
+            client.tracer = tracer
+
     install_faults(scenario, engine, sim.cluster, notify_down, notify_up)
     generator = LoadGenerator(
         scenario,
@@ -203,9 +239,9 @@ def run_policy(
     )
 
 
-def _job(args: tuple[Scenario, str, int | None, int | None]) -> PolicyResult:
-    scenario, policy, seed, requests = args
-    return run_policy(scenario, policy, seed=seed, requests=requests)
+def _job(args: tuple[Scenario, str, int | None, int | None, TraceSpec | None]) -> PolicyResult:
+    scenario, policy, seed, requests, trace = args
+    return run_policy(scenario, policy, seed=seed, requests=requests, trace=trace)
 
 
 def run_many(
@@ -215,6 +251,7 @@ def run_many(
     requests: int | None = None,
     workers: int | None = None,
     on_done: Callable[[Scenario, str, PolicyResult], None] | None = None,
+    trace: TraceSpec | None = None,
 ) -> list[PolicyResult]:
     """Run every (scenario, policy) job on ``workers`` spawned processes (default: one per
     CPU) and return the results in job order; ``on_done`` is called as each finishes."""
@@ -227,7 +264,7 @@ def run_many(
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
             # Longest first would balance better, but job order keeps output stable.
             futures = {
-                pool.submit(_job, (scenario, policy, seed, requests)): i
+                pool.submit(_job, (scenario, policy, seed, requests, trace)): i
                 for i, (scenario, policy) in enumerate(jobs)
             }
             results: list[PolicyResult | None] = [None] * len(jobs)

@@ -72,6 +72,7 @@ class Request:
         "key",
         "measured",
         "plan",
+        "span",
         "start_ns",
         "touched",
     )
@@ -86,6 +87,8 @@ class Request:
         self.attempts = 0
         self.done = False
         self.crossed = False
+        self.span: Any = None
+        """The request's trace span, when it is sampled (see :mod:`adaptive_lb.sim.tracing`)."""
         """An attempt went to a coordinator outside the client's zone."""
         self.touched = False
         """An attempt or one of its replica reads reached a node while a fault was active."""
@@ -159,6 +162,7 @@ class Client:
         "policy",
         "recorder",
         "statements",
+        "tracer",
         "zone",
     )
 
@@ -185,12 +189,19 @@ class Client:
         self.max_attempts = workload.max_attempts
         self._timeout_ns = round(workload.request_timeout * NS_PER_S)
         self.generator: LoadGenerator | None = None
+        self.tracer: Any = None
+        """A :class:`~adaptive_lb.sim.tracing.RequestTracer` when the run is traced."""
 
     def start(self, key: int, measured: bool) -> None:
         """Begin a request for partition ``key``."""
         engine = self.engine
         request = Request(self, key, engine.now, measured)
-        request.plan = iter(self.policy.make_query_plan(self.keyspace, self.statements[key]))
+        if self.tracer is None:
+            request.plan = iter(self.policy.make_query_plan(self.keyspace, self.statements[key]))
+        else:
+            with self.tracer.planning(request, self):
+                statement = self.statements[key]
+                request.plan = iter(self.policy.make_query_plan(self.keyspace, statement))
         engine.at(engine.now + self._timeout_ns, self._timeout, request)
         self._attempt(request)
 
@@ -240,6 +251,10 @@ class Client:
         self._finish(request, TIMED_OUT)
 
     def _finish(self, request: Request, status: int) -> None:
+        if request.span is not None:
+            current = request.current
+            coordinator = current.node.host.address if current is not None else None
+            self.tracer.finish(request, status, coordinator)
         request.done = True
         request.current = None
         if request.measured:

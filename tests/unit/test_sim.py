@@ -180,8 +180,10 @@ def test_the_package_ships_identical_copies_of_the_scenarios() -> None:
 
 def test_simulate_takes_a_stock_scenario_by_name(tmp_path, capsys) -> None:
     code = main(
-        ["simulate", "local-one", "--requests", "300", "--json", "--no-plots", "--quiet"]
-        + ["--policy", "adaptive", "--out", str(tmp_path)]
+        [
+            *("simulate", "local-one", "--requests", "300", "--json", "--no-plots", "--quiet"),
+            *("--policy", "adaptive", "--out", str(tmp_path)),
+        ]
     )
     assert code == 0
     assert json.loads(capsys.readouterr().out)["scenarios"][0]["name"] == "local-one"
@@ -241,3 +243,55 @@ def test_simulate_command_writes_json(tmp_path: Path, capsys: pytest.CaptureFixt
     assert (tmp_path / "results.json").read_text() == json.dumps(
         document, indent=2, sort_keys=True
     ) + "\n"
+
+
+def test_otlp_endpoint_sends_sampled_requests_with_decisions_in_mapped_time(
+    tmp_path, capsys
+) -> None:
+    """``simulate --otlp-endpoint``: N spans per run at a real OTLP/HTTP receiver, the
+    adaptive runs' spans carrying the decision event inside the span, all timestamps in
+    real time from the start of the command on (virtual time mapped)."""
+    import threading
+    import time
+    from http.server import ThreadingHTTPServer
+
+    from tests.unit.test_otlp import Receiver, otlp_spans
+
+    Receiver.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    began = time.time_ns()
+    try:
+        code = main(
+            [
+                *("simulate", "local-one", "--requests", "2000", "--no-plots", "--quiet"),
+                *("--json", "--policy", "adaptive", "--policy", "token-aware"),
+                *("--out", str(tmp_path), "--trace-requests", "25", "--jobs", "1"),
+                *("--otlp-endpoint", f"http://127.0.0.1:{server.server_port}"),
+            ]
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 0
+    capsys.readouterr()
+    spans = otlp_spans(Receiver.received)
+    by_policy: dict[str, list] = {}
+    for span in spans:
+        attributes = {a.key: a.value for a in span.attributes}
+        by_policy.setdefault(attributes["adaptive_lb.sim.policy"].string_value, []).append(span)
+        assert attributes["adaptive_lb.sim.outcome"].string_value == "succeeded"
+        assert began <= span.start_time_unix_nano <= span.end_time_unix_nano
+        # Virtual seconds, not the wall time the simulation took: a few seconds at most.
+        assert span.end_time_unix_nano - began < 600 * 10**9
+        assert not any("routing_key" in a.key for a in span.attributes)
+    assert {k: len(v) for k, v in by_policy.items()} == {"adaptive": 25, "token-aware": 25}
+    for span in by_policy["adaptive"]:
+        (event,) = [e for e in span.events if e.name == "adaptive_lb.decision"]
+        assert span.start_time_unix_nano <= event.time_unix_nano <= span.end_time_unix_nano
+        chosen = {a.key: a.value for a in event.attributes}["server.address"].string_value
+        coordinator = {a.key: a.value for a in span.attributes}["server.address"].string_value
+        assert chosen == coordinator  # the plan's first host answered (no faults here)
+    assert not any(
+        e.name == "adaptive_lb.decision" for s in by_policy["token-aware"] for e in s.events
+    )
