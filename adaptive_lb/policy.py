@@ -576,15 +576,8 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                     )
                 )
         chosen = hosts[0] if hosts else None
-        if info.get("fallback"):
-            position = "fallback"
-        elif chosen is None:
-            position = "none"
-        elif id(chosen) in replica_ids:
-            position = "replica"
-        else:
-            view = self._topology.view_of(chosen)
-            position = "non_replica" if view is not None and view.is_local else "remote"
+        # Recorded by _plan where it counts decisions_by_position: the same vocabulary.
+        position = "fallback" if info.get("fallback") else info.get("position", "child")
         cache = self.replica_cache
         keyspace = info.get("keyspace", working_keyspace)
         routing_key = getattr(query, "routing_key", None) if query is not None else None
@@ -660,6 +653,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                     ordered = order_lwt(replicas)
                     if info is not None:
                         info["lwt"] = True
+                        info["position"] = "replica"
                         info["candidates"] = ordered
                     next(self._decisions["replica"])
                     for view in ordered:
@@ -705,6 +699,8 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                     if not yielded and ordered:
                         position = "replica" if ordered[0] in replicas else "non_replica"
                         next(self._decisions[position])
+                        if info is not None:
+                            info["position"] = position
                     for view in ordered:
                         yielded.add(id(view.host))
                         yield view.host
@@ -716,6 +712,8 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                         info["candidates"] = ordered
                     if ordered:
                         next(self._decisions["local"])
+                        if info is not None:
+                            info["position"] = "local"
                     for view in ordered:
                         yielded.add(id(view.host))
                         yield view.host
@@ -729,10 +727,14 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                 rest = iter(self._child.make_query_plan(working_keyspace, query))
             if not yielded:
                 next(self._decisions["fallback"])
+                if info is not None:
+                    info["position"] = "fallback"
         else:
             if not yielded:
                 # No local candidate (or a target host): the child's plan decides.
                 next(self._decisions["child"])
+                if info is not None:
+                    info["position"] = "child"
 
         if yielded:
             for host in rest:

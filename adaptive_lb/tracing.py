@@ -79,8 +79,11 @@ class Decision:
     chosen_address: str | None
     chosen_port: int | None
     position: str
-    """``replica``, ``non_replica``, ``remote`` (no local candidate: the child's plan
-    decided) or ``fallback`` (internal error: the child's plan unchanged)."""
+    """Where the first host came from, as counted in
+    ``AdaptiveLoadBalancingPolicy.decisions_by_position``: ``replica``, ``non_replica`` (a
+    non-replica scored best), ``local`` (no replicas: the least-loaded local host),
+    ``child`` (no local candidate: the child's plan decided) or ``fallback`` (internal
+    error: the child's plan unchanged)."""
     cache_hit: bool | None
     """None: no replica lookup (no routing key) or a tablet lookup (never cached)."""
     cache_hit_ratio: float

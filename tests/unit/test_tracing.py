@@ -233,3 +233,40 @@ def test_non_recording_span_records_nothing():
         assert not span.is_recording()
         list(policy.make_query_plan("ks", statement()))
     assert policy._tracer.recorded == 0
+
+
+def test_decision_positions_match_the_counters():
+    """Every recorded decision's position is one of DECISION_POSITIONS and was counted in
+    decisions_by_position: one vocabulary for traces and metrics."""
+    from adaptive_lb.policy import DECISION_POSITIONS
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    model = build_cluster({"dc1": [2, 2, 2], "dc2": [2]}, real_cluster=False, seed=4)
+    policy = AdaptiveLoadBalancingPolicy(
+        TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")), tracer_provider=provider
+    )
+    policy.populate(model.cluster, model.metadata.all_hosts())
+    tracer = provider.get_tracer("test")
+    keys = murmur3_routing_keys(20, seed=2)
+    statements = [SimpleStatement("q", routing_key=k, keyspace="ks") for k in keys]
+    statements.append(SimpleStatement("SELECT now() FROM system.local"))  # no routing key
+    for statement in statements:
+        with tracer.start_as_current_span("request"):
+            list(policy.make_query_plan("ks", statement))
+    for host in model.hosts:  # nothing local is up: the child's plan decides
+        if host.datacenter == "dc1":
+            policy.on_down(host)
+    with tracer.start_as_current_span("request"):
+        list(policy.make_query_plan("ks", statements[0]))
+    recorded = [
+        dict(event.attributes)["adaptive_lb.position"]
+        for span in exporter.get_finished_spans()
+        for event in span.events
+        if event.name == "adaptive_lb.decision"
+    ]
+    assert set(recorded) <= set(DECISION_POSITIONS)
+    assert {"replica", "local", "child"} <= set(recorded)
+    counted = {p: n for p, n in policy.decisions_by_position.items() if n}
+    assert counted == {p: recorded.count(p) for p in set(recorded)}
