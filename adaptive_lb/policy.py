@@ -31,7 +31,6 @@ import itertools
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Iterator
 from random import random
 from typing import Any
@@ -44,6 +43,7 @@ from adaptive_lb._driver import LOCAL_DISTANCES, ChildChain, analyse_child
 from adaptive_lb.clock import SYSTEM_CLOCK, Clock
 from adaptive_lb.config import Config
 from adaptive_lb.health import HealthModel
+from adaptive_lb.refresher import HealthRefresher
 from adaptive_lb.replicas import ReplicaResolver
 from adaptive_lb.scoring import (
     TIE_JITTER,
@@ -61,36 +61,6 @@ from adaptive_lb.tracing import Candidate, Decision, DecisionTracer, current_rec
 __all__ = ["DECISION_POSITIONS", "AdaptiveLoadBalancingPolicy"]
 
 DECISION_POSITIONS = ("replica", "non_replica", "local", "child", "fallback")
-
-
-class _HealthRefresher(threading.Thread):
-    """Daemon thread calling ``policy.maybe_refresh_health()`` every refresh interval."""
-
-    def __init__(self, policy: AdaptiveLoadBalancingPolicy) -> None:
-        super().__init__(name="adaptive-lb-health", daemon=True)
-        # A weak reference: an unused policy must not be kept alive by its own thread.
-        self._policy = weakref.ref(policy)
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while True:
-            policy = self._policy()
-            if policy is None:
-                return
-            interval = policy.config.health.refresh_interval
-            try:
-                policy.maybe_refresh_health()
-            except Exception:
-                log.exception("adaptive-lb: health refresh failed; keeping the last health")
-            del policy
-            if self._stop_event.wait(interval):
-                return
-
-    def stop(self) -> None:
-        """Ask the thread to end and wait for it."""
-        self._stop_event.set()
-        if self is not threading.current_thread():
-            self.join(timeout=5)
 
 
 log = logging.getLogger("adaptive_lb.policy")
@@ -175,7 +145,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             self._config.health, self._clock, window_s=self._config.tracking.window
         )
         """Turns the statistics into health states and penalties (see :meth:`refresh_health`)."""
-        self._refresher: _HealthRefresher | None = None
+        self._refresher: HealthRefresher | None = None
         self._topology = Topology()
         self._topology_lock = threading.RLock()
         self._generation = 0
@@ -394,7 +364,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         :meth:`refresh_health` on its virtual clock instead. Idempotent."""
         with self._topology_lock:
             if self._refresher is None or not self._refresher.is_alive():
-                self._refresher = _HealthRefresher(self)
+                self._refresher = HealthRefresher(self)
                 self._refresher.start()
 
     def stop_health_refresh(self) -> None:
