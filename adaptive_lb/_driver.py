@@ -208,11 +208,15 @@ def _tracked_class(base: type) -> type:
             return base_set_result(self, host, connection, pool, response)
 
         def _set_final_result(self: Any, response: Any) -> Any:
-            self._adaptive_lb_attempts.ended(None)
+            attempts = self._adaptive_lb_attempts
+            if attempts:  # usually empty by now: the winning response released its attempt
+                attempts.ended(None)
             return base_set_final_result(self, response)
 
         def _set_final_exception(self: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
-            self._adaptive_lb_attempts.ended(response)
+            attempts = self._adaptive_lb_attempts
+            if attempts:
+                attempts.ended(response)
             return base_set_final_exception(self, response, *args, **kwargs)
 
     TrackedResponseFuture.__qualname__ = TrackedResponseFuture.__name__ = f"Tracked{base.__name__}"
@@ -239,7 +243,8 @@ def hook_future(future: Any, attempts: Any) -> None:
     * ``answered(host, response)`` when its response (a message, or an exception such as
       ``ConnectionShutdown``) arrives, before the driver acts on it;
     * ``ended(exception_or_None)`` when the request ends (after the winning response, or
-      on a client-side timeout / final error).
+      on a client-side timeout / final error) while ``attempts`` is truthy (it has
+      attempts outstanding).
 
     Hooking a future a second time replaces its ``attempts``.
     """
