@@ -53,6 +53,81 @@ log = logging.getLogger("adaptive_lb.exporters")
 _HOST_LABELS = ["policy", "address", "dc", "rack"]
 _QUANTILES = (("0.5", "latency_p50"), ("0.95", "latency_p95"), ("0.99", "latency_p99"))
 
+# (family class, name, help, HostSnapshot attribute): one sample per host.
+_HOST_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
+    (
+        GaugeMetricFamily,
+        "adaptive_lb_host_in_flight",
+        "Attempts in flight on the host.",
+        "in_flight",
+    ),
+    (
+        GaugeMetricFamily,
+        "adaptive_lb_host_window_requests",
+        "Requests completed in the statistics window, as of the last health refresh.",
+        "requests",
+    ),
+    (
+        CounterMetricFamily,
+        "adaptive_lb_host_requests",
+        "Attempts completed with an outcome.",
+        "requests_total",
+    ),
+    (CounterMetricFamily, "adaptive_lb_host_errors", "Attempts that failed.", "errors_total"),
+    (
+        CounterMetricFamily,
+        "adaptive_lb_host_timeouts",
+        "Attempts that timed out.",
+        "timeouts_total",
+    ),
+    (
+        GaugeMetricFamily,
+        "adaptive_lb_host_penalty",
+        "The host's health penalty (multiplier of its load score; 1 = none).",
+        "health_penalty",
+    ),
+)
+
+# (family class, name, help, PolicySnapshot attribute): one sample per policy.
+_POLICY_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
+    (
+        CounterMetricFamily,
+        "adaptive_lb_replica_cache_hits",
+        "Replica cache hits.",
+        "replica_cache_hits",
+    ),
+    (
+        CounterMetricFamily,
+        "adaptive_lb_replica_cache_misses",
+        "Replica cache misses.",
+        "replica_cache_misses",
+    ),
+    (
+        CounterMetricFamily,
+        "adaptive_lb_replica_cache_evictions",
+        "Replica cache evictions.",
+        "replica_cache_evictions",
+    ),
+    (
+        CounterMetricFamily,
+        "adaptive_lb_replica_cache_invalidations",
+        "Replica cache invalidations (topology or schema changes).",
+        "replica_cache_invalidations",
+    ),
+    (
+        GaugeMetricFamily,
+        "adaptive_lb_replica_cache_size",
+        "Replica cache entries.",
+        "replica_cache_size",
+    ),
+    (
+        CounterMetricFamily,
+        "adaptive_lb_plan_fallbacks",
+        "Plans answered with the child's plan after an internal error.",
+        "internal_errors",
+    ),
+)
+
 
 def _policies(policies: Any) -> list[Any]:
     if isinstance(policies, (list, tuple)):
@@ -82,9 +157,14 @@ class AdaptiveLbCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Build every family from the policies' snapshots (called at each scrape)."""
-        in_flight = GaugeMetricFamily(
-            "adaptive_lb_host_in_flight", "Attempts in flight on the host.", labels=_HOST_LABELS
-        )
+        host_families = [
+            (kind(name, help_text, labels=_HOST_LABELS), attribute)
+            for kind, name, help_text, attribute in _HOST_FAMILIES
+        ]
+        policy_families = [
+            (kind(name, help_text, labels=["policy"]), attribute)
+            for kind, name, help_text, attribute in _POLICY_FAMILIES
+        ]
         # Summary-style: quantiles over the sliding statistics window, as of the last health
         # refresh. No _count/_sum: a window's count goes down, which rate() would take for a
         # counter reset (the window's count is adaptive_lb_host_window_requests).
@@ -93,56 +173,15 @@ class AdaptiveLbCollector(Collector):
             "Latency quantiles over the statistics window, as of the last health refresh.",
             "summary",
         )
-        window = GaugeMetricFamily(
-            "adaptive_lb_host_window_requests",
-            "Requests completed in the statistics window, as of the last health refresh.",
-            labels=_HOST_LABELS,
-        )
-        requests = CounterMetricFamily(
-            "adaptive_lb_host_requests", "Attempts completed with an outcome.", labels=_HOST_LABELS
-        )
-        errors = CounterMetricFamily(
-            "adaptive_lb_host_errors", "Attempts that failed.", labels=_HOST_LABELS
-        )
-        timeouts = CounterMetricFamily(
-            "adaptive_lb_host_timeouts", "Attempts that timed out.", labels=_HOST_LABELS
-        )
         health = GaugeMetricFamily(
             "adaptive_lb_host_health",
             "1 for the host's current health state, 0 for the others.",
             labels=[*_HOST_LABELS, "state"],
         )
-        penalty = GaugeMetricFamily(
-            "adaptive_lb_host_penalty",
-            "The host's health penalty (multiplier of its load score; 1 = none).",
-            labels=_HOST_LABELS,
-        )
         decisions = CounterMetricFamily(
             "adaptive_lb_decisions",
             "Plans made, by the origin of their first host.",
             labels=["policy", "position"],
-        )
-        cache_hits = CounterMetricFamily(
-            "adaptive_lb_replica_cache_hits", "Replica cache hits.", labels=["policy"]
-        )
-        cache_misses = CounterMetricFamily(
-            "adaptive_lb_replica_cache_misses", "Replica cache misses.", labels=["policy"]
-        )
-        cache_evictions = CounterMetricFamily(
-            "adaptive_lb_replica_cache_evictions", "Replica cache evictions.", labels=["policy"]
-        )
-        cache_invalidations = CounterMetricFamily(
-            "adaptive_lb_replica_cache_invalidations",
-            "Replica cache invalidations (topology or schema changes).",
-            labels=["policy"],
-        )
-        cache_size = GaugeMetricFamily(
-            "adaptive_lb_replica_cache_size", "Replica cache entries.", labels=["policy"]
-        )
-        fallbacks = CounterMetricFamily(
-            "adaptive_lb_plan_fallbacks",
-            "Plans answered with the child's plan after an internal error.",
-            labels=["policy"],
         )
         reloads = CounterMetricFamily(
             "adaptive_lb_config_reloads", "Config reloads by result.", labels=["policy", "result"]
@@ -156,8 +195,9 @@ class AdaptiveLbCollector(Collector):
                 continue
             for host in snapshot.hosts:
                 labels = [name, host.address, host.datacenter or "", host.rack or ""]
+                for family, attribute in host_families:
+                    family.add_metric(labels, getattr(host, attribute))
                 label_map = dict(zip(_HOST_LABELS, labels, strict=True))
-                in_flight.add_metric(labels, host.in_flight)
                 for quantile, attribute in _QUANTILES:
                     value = getattr(host, attribute)
                     if value is not None:
@@ -166,44 +206,20 @@ class AdaptiveLbCollector(Collector):
                             {**label_map, "quantile": quantile},
                             value,
                         )
-                window.add_metric(labels, host.requests)
-                requests.add_metric(labels, host.requests_total)
-                errors.add_metric(labels, host.errors_total)
-                timeouts.add_metric(labels, host.timeouts_total)
                 for state in HealthState:
                     value = 1.0 if state.value == host.health_state else 0.0
                     health.add_metric([*labels, state.value], value)
-                penalty.add_metric(labels, host.health_penalty)
+            for family, attribute in policy_families:
+                family.add_metric([name], getattr(snapshot, attribute))
             for position, count in getattr(policy, "decisions_by_position", {}).items():
                 decisions.add_metric([name, position], count)
-            cache_hits.add_metric([name], snapshot.replica_cache_hits)
-            cache_misses.add_metric([name], snapshot.replica_cache_misses)
-            cache_evictions.add_metric([name], snapshot.replica_cache_evictions)
-            cache_invalidations.add_metric([name], snapshot.replica_cache_invalidations)
-            cache_size.add_metric([name], snapshot.replica_cache_size)
-            fallbacks.add_metric([name], snapshot.internal_errors)
             for result, count in getattr(policy, "config_reloads", {}).items():
                 reloads.add_metric([name, result], count)
             info.add_metric([name], {"hash": snapshot.config_hash})
-        yield from (
-            in_flight,
-            latency,
-            window,
-            requests,
-            errors,
-            timeouts,
-            health,
-            penalty,
-            decisions,
-            cache_hits,
-            cache_misses,
-            cache_evictions,
-            cache_invalidations,
-            cache_size,
-            fallbacks,
-            reloads,
-            info,
-        )
+        yield from (family for family, _ in host_families)
+        yield from (latency, health, decisions)
+        yield from (family for family, _ in policy_families)
+        yield from (reloads, info)
         yield from _span_families()
 
 
