@@ -9,6 +9,7 @@ stalled or killed.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -212,6 +213,15 @@ def wait_for(predicate: Callable[[], bool], timeout: float, step: float = 0.05) 
     return predicate()
 
 
+def health_transitions(caplog: pytest.LogCaptureFixture, since: float) -> list[str]:
+    """The health transitions logged since ``since`` (monotonic s), each with its offset."""
+    return [
+        f"+{r.created - (time.time() - time.monotonic() + since):.1f}s {r.getMessage()}"
+        for r in caplog.records
+        if r.name == "adaptive_lb.health"
+    ]
+
+
 def in_flight_by_host(policy: AdaptiveLoadBalancingPolicy) -> dict[str, int]:
     """In-flight count of every host the policy tracks (all should be 0 after a load)."""
     return {v.host.address: v.stats.in_flight for v in policy.topology.by_id.values()}
@@ -287,7 +297,7 @@ def test_real_token_routing_prefers_the_less_loaded_replica(connect: Connect) ->
 
 
 def test_stalled_node_is_avoided_and_traffic_returns(
-    ring: CassandraCluster, connect: Connect
+    ring: CassandraCluster, connect: Connect, caplog: pytest.LogCaptureFixture
 ) -> None:
     """SIGSTOP one node's JVM for 10 s under 8 closed-loop clients, then SIGCONT.
 
@@ -299,6 +309,7 @@ def test_stalled_node_is_avoided_and_traffic_returns(
     reach it hang, and it is ERRORING again within ``stall_timeout``. After SIGCONT it
     answers again and comes back through WARMING to HEALTHY.
     """
+    caplog.set_level(logging.INFO, logger="adaptive_lb.health")
     began = time.monotonic()
     policy, cluster, session, stmt = connect()
     stalled_address = ring.addresses[2]
@@ -319,12 +330,21 @@ def test_stalled_node_is_avoided_and_traffic_returns(
             time.sleep(0.05)
 
     try:
-        # Warm up until every host is measured and HEALTHY (a host of a loaded 2-core
-        # machine is sometimes SLOW for a moment; that would skew what follows).
+        # Warm up until every host is measured, the node to stall is HEALTHY and none is
+        # ERRORING. Not "all HEALTHY": on a loaded 2-core machine a real JVM's GC or
+        # compaction makes one node a p99 outlier for seconds at a time (seen in CI: SLOW /
+        # WARMING for 12 s); that is real and does not change what this test looks at.
         time.sleep(2.0)
         assert wait_for(
-            lambda: all(v.stats.health_state is HealthState.HEALTHY for v in views), 10.0
-        ), [(v.host.address, v.stats.health_state.name) for v in views]
+            lambda: (
+                stats.health_state is HealthState.HEALTHY
+                and all(v.stats.health_state is not HealthState.ERRORING for v in views)
+            ),
+            30.0,
+        ), (
+            [(v.host.address, v.stats.health_state.name) for v in views],
+            health_transitions(caplog, began),
+        )
         in_flight_at_stop = stats.in_flight
         paused_at = time.monotonic()
         ring.pause(stalled_address)
