@@ -81,10 +81,10 @@ class _Attempts(dict):  # type: ignore[type-arg]
     def sent(self, host: Any) -> None:
         """An attempt is about to be written to ``host``."""
         policy = self.policy
-        view = policy._topology.by_id.get(id(host))
+        key = id(host)
+        view = policy._topology.by_id.get(key)
         stats = view.stats if view is not None else policy.stats.get(host)
         stats.on_send()
-        key = id(host)
         # The same host again while its attempt is outstanding (a retry racing a late
         # response): the older attempt is superseded.
         previous = self.pop(key, None)
