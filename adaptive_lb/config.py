@@ -210,6 +210,10 @@ class PolicyConfig:
     """Most candidates scored per plan: replicas first, then random local hosts."""
     non_local_rack_penalty: float = field(default=4.0, validator=[_number, _ge(1.0)])
     """Score multiplier for a host outside the local rack (only when a local rack is known)."""
+    rack_proximity_cap: float = field(default=4.0, validator=[_number, _ge(1.0), _le(100.0)])
+    """Most a remote rack's penalty is multiplied by for being farther than the nearest
+    remote rack (ratio of the racks' median p50 latencies, measured at health refresh);
+    1 turns proximity off."""
     non_replica_penalty: float = field(default=12.0, validator=[_number, _ge(1.0)])
     """Score multiplier for a candidate that is not a replica of the routing key."""
     token_aware: bool = field(default=True, validator=_boolean)

@@ -43,6 +43,7 @@ from adaptive_lb._driver import LOCAL_DISTANCES, ChildChain, analyse_child
 from adaptive_lb.clock import SYSTEM_CLOCK, Clock
 from adaptive_lb.config import Config
 from adaptive_lb.health import HealthModel
+from adaptive_lb.proximity import rack_proximity
 from adaptive_lb.refresher import HealthRefresher
 from adaptive_lb.replicas import ReplicaResolver
 from adaptive_lb.scoring import (
@@ -83,6 +84,7 @@ class _PlanSettings:
     token_aware: bool
     lwt_deterministic: bool
     local_rack: str | None
+    rack_proximity_cap: float
 
     @classmethod
     def of(cls, config: Config, chain: ChildChain) -> _PlanSettings:
@@ -97,6 +99,7 @@ class _PlanSettings:
             token_aware=p.token_aware,
             lwt_deterministic=p.lwt_deterministic,
             local_rack=local_rack,
+            rack_proximity_cap=p.rack_proximity_cap,
         )
 
 
@@ -155,6 +158,8 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         self._metadata: Any = None
         self._populated_ns: int | None = None
         self._down_since: dict[int, int] = {}
+        self._rack_proximity: dict[Any, float] = {}
+        """Proximity factor of each remote rack, from the last health refresh."""
         self._resolver: ReplicaResolver | None = None
         self._tracer_provider = tracer_provider
         self._tracer: DecisionTracer | None = None
@@ -302,9 +307,12 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         rack_penalty = 1.0
         if local_rack is not None and rack != local_rack:
             rack_penalty = settings.non_local_rack_penalty
+        stats = self.stats.get(host)
+        proximity = self._rack_proximity.get(rack, 1.0) if rack_penalty > 1.0 else 1.0
+        stats.rack_penalty = rack_penalty * proximity
         return HostView(
             host=host,
-            stats=self.stats.get(host),
+            stats=stats,
             datacenter=host.datacenter,
             rack=rack,
             is_local=distance in LOCAL_DISTANCES,
@@ -342,13 +350,38 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         """Recompute every known host's health from its statistics window now, and return
         the transitions. Percentiles are computed here, never per request."""
         stats, groups = self._health_inputs()
-        return self.health.refresh(stats, groups)
+        transitions = self.health.refresh(stats, groups)
+        self._refresh_rack_proximity()
+        return transitions
 
     def maybe_refresh_health(self) -> list[Any] | None:
         """:meth:`refresh_health` if ``health.refresh_interval`` has passed since the last
         refresh and no other thread is refreshing; None otherwise."""
         stats, groups = self._health_inputs()
-        return self.health.maybe_refresh(stats, groups)
+        transitions = self.health.maybe_refresh(stats, groups)
+        if transitions is not None:
+            self._refresh_rack_proximity()
+        return transitions
+
+    def _refresh_rack_proximity(self) -> None:
+        """Re-weigh the remote racks of the local datacenter by their measured distance
+        (:mod:`adaptive_lb.proximity`) from the windows the health refresh just computed,
+        and publish each remote host's ``rack_penalty``."""
+        settings = self._settings
+        min_samples = self.health.config.min_samples
+        remote = [v for v in self._topology.by_id.values() if v.is_local and v.rack_penalty > 1.0]
+        latencies: dict[Any, list[float]] = {}
+        for view in remote:
+            window = self.health.window_stats(view.host)
+            if window is None or window.samples < min_samples:
+                continue
+            latency = window.latency.get(50.0)
+            if latency is not None:
+                latencies.setdefault(view.rack, []).append(latency)
+        proximity = rack_proximity(latencies, self._rack_proximity, settings.rack_proximity_cap)
+        self._rack_proximity = proximity
+        for view in remote:
+            view.stats.rack_penalty = view.rack_penalty * proximity.get(view.rack, 1.0)
 
     def _health_inputs(self) -> tuple[dict[Any, Any], dict[Any, Any]]:
         # A host's peers are the other hosts of its datacenter.
@@ -403,6 +436,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                     latency_p99=latency.get(99.0),
                     health_state=stats.health_state.value,
                     health_penalty=stats.health_penalty,
+                    rack_penalty=stats.rack_penalty,
                     health_since_ns=health.since_ns if health is not None else 0,
                     health_reason=health.reason if health is not None else "",
                     requests_total=stats.requests_total,
@@ -517,7 +551,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         for view in info.get("candidates", ()):
             is_replica = id(view.host) in replica_ids
             stats = view.stats
-            penalty = view.rack_penalty * stats.health_penalty
+            penalty = stats.rack_penalty * stats.health_penalty
             if not is_replica and replicas:
                 penalty *= settings.non_replica_penalty
             candidates.append(
@@ -638,7 +672,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                         stats = view.stats
                         score = (
                             (stats.in_flight + 1)
-                            * view.rack_penalty
+                            * stats.rack_penalty
                             * stats.health_penalty
                             * (1.0 + TIE_JITTER * random())
                         )

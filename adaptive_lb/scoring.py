@@ -4,6 +4,8 @@ The score of a candidate host is Netflix's WLLLB formula::
 
     score = (in_flight + 1)
             x non_local_rack_penalty   if the host is not in the client's rack
+              x proximity              how much farther its rack is than the nearest
+                                       remote rack (1 .. rack_proximity_cap)
             x non_replica_penalty      if the host is not a replica of the routing key
             x health_penalty           (1 when healthy, up to 64 when not)
 
@@ -13,7 +15,7 @@ client picks the same Paxos coordinator.
 
 Everything here works on :class:`HostView` objects, which carry an opaque ``host`` (a driver
 ``Host`` in production, anything hashable in the simulator) and a live statistics object with
-two attributes read lock-free: ``in_flight`` and ``health_penalty``.
+three attributes read lock-free: ``in_flight``, ``rack_penalty`` and ``health_penalty``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class HostLoad(Protocol):
     """What scoring reads of a host's live statistics (see :class:`adaptive_lb.stats.HostStats`)."""
 
     in_flight: int
+    rack_penalty: float
     health_penalty: float
 
 
@@ -58,7 +61,7 @@ class HostView:
     host: Any
     """The driver's ``Host`` (or a simulator's host key)."""
     stats: HostLoad
-    """Live counters of this host: ``in_flight`` and ``health_penalty``."""
+    """Live numbers of this host: ``in_flight``, ``rack_penalty``, ``health_penalty``."""
     datacenter: str | None = None
     rack: str | None = None
     is_local: bool = False
@@ -66,7 +69,9 @@ class HostView:
     live: bool = True
     """The child policy has been told the host is up (on_up/on_add/populate, no on_down since)."""
     rack_penalty: float = 1.0
-    """``non_local_rack_penalty`` when a local rack is known and this host is outside it."""
+    """``non_local_rack_penalty`` when a local rack is known and this host is outside it:
+    the static part of ``stats.rack_penalty``, which also holds the rack's proximity factor
+    (a lower bound of it)."""
     candidate: bool = field(init=False)
     """Live and local: may be scored and yielded ahead of the child's plan."""
 
@@ -77,7 +82,7 @@ class HostView:
 def score_of(view: HostView, is_replica: bool, non_replica_penalty: float) -> float:
     """The WLLLB score of ``view`` (without tie-break jitter)."""
     stats = view.stats
-    score = (stats.in_flight + 1) * view.rack_penalty * stats.health_penalty
+    score = (stats.in_flight + 1) * stats.rack_penalty * stats.health_penalty
     return score if is_replica else score * non_replica_penalty
 
 
@@ -121,7 +126,7 @@ def rank(
         append(
             (
                 (stats.in_flight + 1)
-                * view.rack_penalty
+                * stats.rack_penalty
                 * stats.health_penalty
                 * (1.0 + TIE_JITTER * random()),
                 view,
@@ -132,7 +137,7 @@ def rank(
         append(
             (
                 (stats.in_flight + 1)
-                * view.rack_penalty
+                * stats.rack_penalty
                 * stats.health_penalty
                 * non_replica_penalty
                 * (1.0 + TIE_JITTER * random()),
@@ -159,7 +164,7 @@ def rank_with_fill(
         append(
             (
                 (stats.in_flight + 1)
-                * view.rack_penalty
+                * stats.rack_penalty
                 * stats.health_penalty
                 * (1.0 + TIE_JITTER * random()),
                 view,
@@ -175,7 +180,7 @@ def rank_with_fill(
                 append(
                     (
                         (stats.in_flight + 1)
-                        * view.rack_penalty
+                        * stats.rack_penalty
                         * stats.health_penalty
                         * non_replica_penalty
                         * (1.0 + TIE_JITTER * random()),

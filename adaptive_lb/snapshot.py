@@ -33,6 +33,9 @@ class HostSnapshot:
     latency_p99: float | None
     health_state: str
     health_penalty: float
+    rack_penalty: float
+    """Score multiplier for the host's rack: 1 in the client's rack, else
+    ``non_local_rack_penalty`` x the rack's measured proximity factor."""
     health_since_ns: int
     health_reason: str
     requests_total: int

@@ -1,11 +1,11 @@
 """Per-host statistics: in-flight count, windowed outcomes and latency (no driver import).
 
 One :class:`HostStats` per host. The policy's hot path reads plain attributes without a
-lock (``in_flight``, ``health_penalty``, ``health_state``); request tracking calls one
-lifecycle method per event (:meth:`HostStats.on_send`, then exactly one of ``on_success`` /
-``on_error`` / ``on_timeout`` / ``on_abandon`` / ``on_unsent``), each a single acquisition
-of the host's lock, so no count is ever lost -- also under free-threaded CPython, where an
-unlocked ``x += 1`` can be.
+lock (``in_flight``, ``health_penalty``, ``health_state``, ``rack_penalty``); request
+tracking calls one lifecycle method per event (:meth:`HostStats.on_send`, then exactly one
+of ``on_success`` / ``on_error`` / ``on_timeout`` / ``on_abandon`` / ``on_unsent``), each a
+single acquisition of the host's lock, so no count is ever lost -- also under free-threaded
+CPython, where an unlocked ``x += 1`` can be.
 
 Latency goes into HdrHistograms (``latency_min`` .. ``latency_max`` in microseconds,
 ``significant_digits`` precision) over a sliding window of ``intervals`` rotating interval
@@ -187,8 +187,8 @@ class HostStats:
     """Live statistics of one host. See the module docstring for the threading contract.
 
     Public attributes read without a lock: ``in_flight``, ``health_penalty``,
-    ``health_state`` (the last two written only by the health model), the ``*_total``
-    counters, ``underflows`` and ``ewma_s``.
+    ``health_state`` (the last two written only by the health model), ``rack_penalty``
+    (written only by the policy), the ``*_total`` counters, ``underflows`` and ``ewma_s``.
     """
 
     __slots__ = (
@@ -214,6 +214,7 @@ class HostStats:
         "health_penalty",
         "health_state",
         "in_flight",
+        "rack_penalty",
         "requests_total",
         "timeouts_total",
         "underflows",
@@ -227,6 +228,10 @@ class HostStats:
         """Score multiplier from the health model (read lock-free by the policy)."""
         self.health_state = HealthState.HEALTHY
         """State from the health model (read lock-free by the policy)."""
+        self.rack_penalty = 1.0
+        """Score multiplier for the host's rack, written by the policy that owns these
+        statistics: 1 in the client's rack (or when none is known), else
+        ``non_local_rack_penalty`` x the rack's proximity factor (read lock-free)."""
         self.ewma_s: float | None = None
         """Smoothed latency in seconds, updated per sample: cheap to read between refreshes."""
         self.requests_total = 0

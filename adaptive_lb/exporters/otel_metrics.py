@@ -15,6 +15,7 @@ instrument                               kind                       Prometheus f
 ``adaptive_lb.host.timeouts``            counter                    ``..._timeouts_total``
 ``adaptive_lb.host.health``              gauge, ``state`` (1 / 0)   ``adaptive_lb_host_health``
 ``adaptive_lb.host.penalty``             gauge                      ``adaptive_lb_host_penalty``
+``adaptive_lb.host.rack_penalty``        gauge                      ``..._rack_penalty``
 ``adaptive_lb.decisions``                counter, ``position``      ``..._decisions_total``
 ``adaptive_lb.replica_cache.hits`` ...   counters (hits, misses,    ``..._replica_cache_*``
                                          evictions, invalidations)
@@ -141,6 +142,7 @@ def register_otel_metrics(
         ),
         gauge("adaptive_lb.host.health", [health]),
         gauge("adaptive_lb.host.penalty", [per_host(lambda h: h.health_penalty)]),
+        gauge("adaptive_lb.host.rack_penalty", [per_host(lambda h: h.rack_penalty)]),
         counter("adaptive_lb.decisions", [by_key("decisions_by_position", "position")]),
         counter("adaptive_lb.replica_cache.hits", [per_policy(lambda s: s.replica_cache_hits)]),
         counter("adaptive_lb.replica_cache.misses", [per_policy(lambda s: s.replica_cache_misses)]),

@@ -86,6 +86,13 @@ _HOST_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
         "The host's health penalty (multiplier of its load score; 1 = none).",
         "health_penalty",
     ),
+    (
+        GaugeMetricFamily,
+        "adaptive_lb_host_rack_penalty",
+        "The host's rack penalty (multiplier of its load score; 1 = the client's rack, "
+        "more for a rack farther away).",
+        "rack_penalty",
+    ),
 )
 
 # (family class, name, help, PolicySnapshot attribute): one sample per policy.

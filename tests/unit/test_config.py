@@ -47,6 +47,7 @@ EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.yaml"))
 BOUNDS = [
     ("policy.sample_size", [1, 64, 8.0], [0, 65, 2.5, "8", True, None], "must be >= 1, got 0"),
     ("policy.non_local_rack_penalty", [1, 1.0, 100], [0.99, -1, "x"], "must be >= 1, got 0.99"),
+    ("policy.rack_proximity_cap", [1, 2.5, 100], [0.5, 100.5, "4"], "must be >= 1, got 0.5"),
     ("policy.non_replica_penalty", [1, 12.5], [0.5, [1]], "must be >= 1, got 0.5"),
     ("policy.token_aware", [True, False], [1, "yes", None], "must be true or false"),
     ("policy.lwt_deterministic", [True, False], ["true", 0], "must be true or false"),
