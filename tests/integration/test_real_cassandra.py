@@ -486,7 +486,7 @@ class HostEvents(HostStateListener):
 
 
 def test_node_down_and_back_returns_through_warming(
-    ring: CassandraCluster, connect: Connect
+    ring: CassandraCluster, connect: Connect, caplog: pytest.LogCaptureFixture
 ) -> None:
     """SIGKILL a node under load, then start it again: plans stop naming it as soon as the
     driver has dispatched DOWN; it comes back WARMING, then HEALTHY; no request is lost
@@ -495,6 +495,7 @@ def test_node_down_and_back_returns_through_warming(
     "Marked down" is when the driver's DOWN reached its host listeners (the policies get it
     just before): scylla-driver sets ``Host.is_up = False`` first and tells the policies
     later, from its executor."""
+    caplog.set_level(logging.INFO, logger="adaptive_lb.health")
     began = time.monotonic()
     policy, cluster, session, stmt = connect()
     victim_address = ring.addresses[1]
@@ -516,7 +517,12 @@ def test_node_down_and_back_returns_through_warming(
         ring.restart(victim_address)
         restarted_at = time.monotonic()
         assert wait_for(lambda: events.first("up", down_at) is not None, 60.0), "never up"
-        assert wait_for(lambda: stats.health_state is HealthState.HEALTHY, 20.0)
+        # A restarted JVM is cold: on a loaded 2-core machine its p99 flaps it SLOW /
+        # WARMING for 10-30 s (real, and right to avoid) before it stays HEALTHY.
+        assert wait_for(lambda: stats.health_state is HealthState.HEALTHY, 45.0), (
+            stats.health_state.name,
+            health_transitions(caplog, restarted_at),
+        )
         time.sleep(1.0)
     finally:
         watch.stop()
