@@ -6,8 +6,10 @@ each, measured in the same run on the same topology, plus topology-event costs a
 
 Topologies are made of the driver's real objects (``adaptive_lb.sim.cluster``): 45 nodes
 (5 DCs x 3 racks x 3 nodes) and 1,000 nodes (5 DCs x 3 racks x 66-67 nodes), NTS RF 3 per
-DC, 16 vnodes, 100,000 distinct routing keys, local DC ``dc1``. Each figure is the median of
-5 runs; the cyclic GC is disabled while a run is timed (it adds noise, not signal, here).
+DC, 16 vnodes, 100,000 distinct routing keys, local DC ``dc1``. Stock and adaptive are timed
+in interleaved rounds (5 by default): each figure is the median over the rounds, each ratio
+the median of the per-round ratios, so a busy neighbour on a shared machine moves both sides
+of a ratio alike. The cyclic GC is disabled while a run is timed (it adds noise, not signal).
 """
 
 from __future__ import annotations
@@ -72,24 +74,21 @@ def children() -> dict[str, Callable[[], Any]]:
     return made
 
 
-def timed_rate(run: Callable[[int], None], count: int, repeats: int) -> float:
-    """Median Kops/s of ``run(count)`` over ``repeats`` runs."""
-    rates = []
-    for _ in range(repeats):
-        gc.collect()
-        gc.disable()
-        try:
-            start = time.perf_counter()
-            run(count)
-            elapsed = time.perf_counter() - start
-        finally:
-            gc.enable()
-        rates.append(count / elapsed / 1000.0)
-    return statistics.median(rates)
+def _timed_kops(run: Callable[[int], None], count: int) -> float:
+    """Kops/s of one ``run(count)``, the cyclic GC off while it runs."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        run(count)
+        elapsed = time.perf_counter() - start
+    finally:
+        gc.enable()
+    return count / elapsed / 1000.0
 
 
-def measure(policy: Any, statements: list[SimpleStatement], count: int, repeats: int) -> dict:
-    """Full-plan and first-host throughput of ``policy``."""
+def _runners(policy: Any, statements: list[SimpleStatement]) -> dict[str, Callable[[int], None]]:
+    """``full`` (consume the whole plan) and ``first`` (first host only) loops for ``policy``."""
     n = len(statements)
     make = policy.make_query_plan
 
@@ -102,16 +101,52 @@ def measure(policy: Any, statements: list[SimpleStatement], count: int, repeats:
         for i in range(total):
             next(iter(make("ks", statements[i % n])))
 
-    full(min(count, 2000))  # warm caches and code paths
-    first(min(count, 2000))
-    return {
-        "full_kops": round(timed_rate(full, count, repeats), 1),
-        "first_kops": round(timed_rate(first, count, repeats), 1),
+    return {"full": full, "first": first}
+
+
+def measure_paired(
+    policies: dict[str, Any], statements: list[SimpleStatement], count: int, repeats: int
+) -> dict[str, dict[str, float]]:
+    """Full-plan and first-host throughput of each policy, the first one (``stock``) being
+    the reference: ``repeats`` rounds, each timing every policy once, back to back, so that
+    a round slowed by a busy neighbour (this is a shared VM) slows all of them alike. Kops/s
+    are medians over the rounds; each ratio is the median of the per-round ratios to the
+    reference in the same round."""
+    runners = {label: _runners(policy, statements) for label, policy in policies.items()}
+    for modes in runners.values():  # warm caches and code paths
+        for run in modes.values():
+            run(min(count, 2000))
+    reference = next(iter(policies))
+    rates: dict[str, dict[str, list[float]]] = {
+        label: {"full": [], "first": []} for label in policies
     }
+    ratios: dict[str, dict[str, list[float]]] = {
+        label: {"full": [], "first": []} for label in policies
+    }
+    for _ in range(repeats):
+        for mode in ("full", "first"):
+            this_round = {
+                label: _timed_kops(modes[mode], count) for label, modes in runners.items()
+            }
+            for label, kops in this_round.items():
+                rates[label][mode].append(kops)
+                ratios[label][mode].append(kops / this_round[reference])
+    result: dict[str, dict[str, float]] = {}
+    for label in policies:
+        row = {
+            "full_kops": round(statistics.median(rates[label]["full"]), 1),
+            "first_kops": round(statistics.median(rates[label]["first"]), 1),
+        }
+        if label != reference:
+            row["full_ratio"] = round(statistics.median(ratios[label]["full"]), 2)
+            row["first_ratio"] = round(statistics.median(ratios[label]["first"]), 2)
+        result[label] = row
+    return result
 
 
 def compare(model: Any, statements: list, count: int, repeats: int, names: list[str]) -> list:
-    """Stock vs adaptive for each child named."""
+    """Stock vs adaptive (default cache, and a cache sized for the keys) for each child
+    named, measured in interleaved rounds (:func:`measure_paired`)."""
     rows = []
     hosts = model.metadata.all_hosts()
     configs = {
@@ -124,16 +159,15 @@ def compare(model: Any, statements: list, count: int, repeats: int, names: list[
             continue
         stock = factories[name]()
         stock.populate(model.cluster, hosts)
-        row = {"child": name, "stock": measure(stock, statements, count, repeats)}
+        policies: dict[str, Any] = {"stock": stock}
         for label, config in configs.items():
             adaptive = AdaptiveLoadBalancingPolicy(factories[name](), config)
             adaptive.populate(model.cluster, hosts)
-            row[label] = measure(adaptive, statements, count, repeats)
-            row[label]["full_ratio"] = round(row[label]["full_kops"] / row["stock"]["full_kops"], 2)
-            row[label]["first_ratio"] = round(
-                row[label]["first_kops"] / row["stock"]["first_kops"], 2
-            )
-            assert adaptive.internal_errors == 0
+            policies[label] = adaptive
+        row: dict[str, Any] = {"child": name}
+        row.update(measure_paired(policies, statements, count, repeats))
+        for label in configs:
+            assert policies[label].internal_errors == 0
         rows.append(row)
         print(json.dumps(row), file=sys.stderr)
     return rows
@@ -196,7 +230,10 @@ def markdown(result: dict) -> str:
                 f"| {b['first_kops']} ({b['first_ratio']}x) |"
             )
     lines.append("")
-    lines.append("Throughput in Kops/s (median of 5), ratio = adaptive / stock in the same run.")
+    lines.append(
+        "Throughput in Kops/s (median over interleaved rounds); ratio = median of the "
+        "per-round adaptive / stock ratios."
+    )
     lines.append("")
     lines.append(
         "| nodes | populate (ms) | stock child populate (ms) | on_add (ms) | on_remove (ms) |"

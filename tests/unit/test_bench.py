@@ -1,0 +1,51 @@
+"""The plan-throughput benchmark runs end to end and reports what the README shows (a
+behaviour check on a tiny run; no figure is asserted)."""
+
+from __future__ import annotations
+
+import json
+
+from adaptive_lb import bench
+
+
+def test_a_tiny_run_writes_json_and_markdown(tmp_path, capsys):
+    argv = ["--plans", "300", "--repeats", "3", "--keys", "500", "--skip-1000"]
+    assert bench.main([*argv, "--out", str(tmp_path)]) == 0
+    [written] = list(tmp_path.glob("*.json"))
+    result = json.loads(written.read_text())
+    rows = result["throughput"]["45"]
+    assert {row["child"] for row in rows} >= {"DCAware", "TokenAware(DCAware)"}
+    for row in rows:
+        assert "full_ratio" not in row["stock"]
+        for label in ("adaptive", "adaptive, cache 131072"):
+            measured = row[label]
+            assert measured["full_kops"] > 0 and measured["first_kops"] > 0
+            assert measured["full_ratio"] > 0 and measured["first_ratio"] > 0
+    [events] = result["topology_events"]
+    assert events["hosts"] == 45 and events["populate_ms"] > 0
+    table = written.with_suffix(".md").read_text()
+    assert "| 45 | TokenAware(DCAware) |" in table
+    assert table in capsys.readouterr().out
+
+
+def test_paired_rounds_time_every_policy_and_take_ratios_per_round():
+    calls = []
+
+    class Policy:
+        def __init__(self, name, hosts):
+            self.name, self.hosts = name, hosts
+
+        def make_query_plan(self, keyspace, statement):
+            calls.append(self.name)
+            return iter(self.hosts)
+
+    policies = {"stock": Policy("stock", [1, 2, 3]), "other": Policy("other", [1])}
+    result = bench.measure_paired(policies, [object()], count=50, repeats=3)
+    assert set(result) == {"stock", "other"}
+    assert "full_ratio" not in result["stock"] and result["other"]["full_ratio"] > 0
+    # Warm-up (full + first per policy), then per round and mode one run of each policy,
+    # back to back.
+    assert calls.count("stock") == calls.count("other") == 2 * 50 + 3 * 2 * 50
+    timed = calls[4 * 50 :]
+    runs = [timed[i] for i in range(0, len(timed), 50)]
+    assert runs == ["stock", "other"] * 6
