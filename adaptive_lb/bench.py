@@ -173,6 +173,24 @@ def compare(model: Any, statements: list, count: int, repeats: int, names: list[
     return rows
 
 
+def scale(small: Any, big: Any, statements: list, count: int, repeats: int) -> dict:
+    """Adaptive(TokenAware(DCAware)) at 1,000 nodes against itself at 45 nodes, timed in the
+    same interleaved rounds (comparing two separate runs would measure this machine's noise):
+    the throughput at 1,000 nodes as a share of the 45-node figure."""
+    policies = {}
+    for label, model in (("45", small), ("1000", big)):
+        policy = AdaptiveLoadBalancingPolicy(TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
+        policy.populate(model.cluster, model.metadata.all_hosts())
+        policies[label] = policy
+    measured = measure_paired(policies, statements, count, repeats)
+    return {
+        "child": "TokenAware(DCAware)",
+        "first_share": measured["1000"]["first_ratio"],
+        "full_share": measured["1000"]["full_ratio"],
+        "kops": measured,
+    }
+
+
 def topology_events(model: Any, repeats: int) -> dict:
     """populate, on_add and on_remove of AdaptiveLoadBalancingPolicy(TokenAware(DCAware))
     at the model's size, in milliseconds (median)."""
@@ -234,6 +252,14 @@ def markdown(result: dict) -> str:
         "Throughput in Kops/s (median over interleaved rounds); ratio = median of the "
         "per-round adaptive / stock ratios."
     )
+    scaled = result.get("scale")
+    if scaled is not None:
+        lines.append("")
+        lines.append(
+            f"1,000 vs 45 nodes, adaptive {scaled['child']} in the same rounds: first host "
+            f"{scaled['first_share']:.0%}, full plan {scaled['full_share']:.0%} of the "
+            "45-node throughput."
+        )
     lines.append("")
     lines.append(
         "| nodes | populate (ms) | stock child populate (ms) | on_add (ms) | on_remove (ms) |"
@@ -274,14 +300,15 @@ def main(argv: list[str] | None = None) -> int:
         small, statements, args.plans, args.repeats, list(children())
     )
     result["topology_events"].append(topology_events(small, args.repeats))
-    small.shutdown()
     if not args.skip_1000:
         big = build_cluster({f"dc{i}": [67, 67, 66] for i in range(1, 6)}, vnodes=16, seed=2)
         result["throughput"]["1000"] = compare(
             big, statements, args.plans // 4, args.repeats, ["DCAware", "TokenAware(DCAware)"]
         )
         result["topology_events"].append(topology_events(big, args.repeats))
+        result["scale"] = scale(small, big, statements, args.plans // 4, args.repeats)
         big.shutdown()
+    small.shutdown()
     args.out.mkdir(parents=True, exist_ok=True)
     tag = result["driver"].split()[0]
     (args.out / f"{tag}.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -49,3 +49,28 @@ def test_paired_rounds_time_every_policy_and_take_ratios_per_round():
     timed = calls[4 * 50 :]
     runs = [timed[i] for i in range(0, len(timed), 50)]
     assert runs == ["stock", "other"] * 6
+
+
+def test_scale_compares_two_sizes_in_the_same_rounds():
+    from cassandra.query import SimpleStatement
+
+    from adaptive_lb.sim.cluster import build_cluster, murmur3_routing_keys
+
+    statements = [
+        SimpleStatement("SELECT v FROM ks.t WHERE k = ?", routing_key=key, keyspace="ks")
+        for key in murmur3_routing_keys(200, seed=3)
+    ]
+    small = build_cluster({"dc1": [2, 2, 2]}, vnodes=4, seed=1)
+    big = build_cluster({"dc1": [6, 6, 6], "dc2": [6, 6, 6]}, vnodes=4, seed=2)
+    try:
+        scaled = bench.scale(small, big, statements, count=200, repeats=3)
+    finally:
+        small.shutdown()
+        big.shutdown()
+    assert set(scaled["kops"]) == {"45", "1000"}
+    assert scaled["first_share"] > 0 and scaled["full_share"] > 0
+    table = bench.markdown(
+        {"driver": "d", "python": "p", "machine": "m", "throughput": {}, "topology_events": []}
+        | {"scale": scaled}
+    )
+    assert f"first host {scaled['first_share']:.0%}" in table
