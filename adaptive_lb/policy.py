@@ -84,7 +84,6 @@ class _PlanSettings:
     token_aware: bool
     lwt_deterministic: bool
     local_rack: str | None
-    rack_proximity_cap: float
 
     @classmethod
     def of(cls, config: Config, chain: ChildChain) -> _PlanSettings:
@@ -99,7 +98,6 @@ class _PlanSettings:
             token_aware=p.token_aware,
             lwt_deterministic=p.lwt_deterministic,
             local_rack=local_rack,
-            rack_proximity_cap=p.rack_proximity_cap,
         )
 
 
@@ -308,8 +306,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         if local_rack is not None and rack != local_rack:
             rack_penalty = settings.non_local_rack_penalty
         stats = self.stats.get(host)
-        proximity = self._rack_proximity.get(rack, 1.0) if rack_penalty > 1.0 else 1.0
-        stats.rack_penalty = rack_penalty * proximity
+        stats.rack_penalty = self._rack_factor(rack_penalty, rack)
         return HostView(
             host=host,
             stats=stats,
@@ -367,7 +364,6 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         """Re-weigh the remote racks of the local datacenter by their measured distance
         (:mod:`adaptive_lb.proximity`) from the windows the health refresh just computed,
         and publish each remote host's ``rack_penalty``."""
-        settings = self._settings
         min_samples = self.health.config.min_samples
         remote = [v for v in self._topology.by_id.values() if v.is_local and v.rack_penalty > 1.0]
         latencies: dict[Any, list[float]] = {}
@@ -378,10 +374,18 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             latency = window.latency.get(50.0)
             if latency is not None:
                 latencies.setdefault(view.rack, []).append(latency)
-        proximity = rack_proximity(latencies, self._rack_proximity, settings.rack_proximity_cap)
-        self._rack_proximity = proximity
+        self._rack_proximity = rack_proximity(
+            latencies, self._rack_proximity, self._config.policy.rack_proximity_cap
+        )
         for view in remote:
-            view.stats.rack_penalty = view.rack_penalty * proximity.get(view.rack, 1.0)
+            view.stats.rack_penalty = self._rack_factor(view.rack_penalty, view.rack)
+
+    def _rack_factor(self, rack_penalty: float, rack: Any) -> float:
+        """The live rack factor of a host: its static rack penalty, times its rack's
+        proximity when that is a remote rack."""
+        if rack_penalty <= 1.0:
+            return rack_penalty
+        return rack_penalty * self._rack_proximity.get(rack, 1.0)
 
     def _health_inputs(self) -> tuple[dict[Any, Any], dict[Any, Any]]:
         # A host's peers are the other hosts of its datacenter.

@@ -19,6 +19,7 @@ was learned about them would send traffic back just to learn it again).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Hashable, Mapping, Sequence
 
 __all__ = ["rack_proximity"]
@@ -41,18 +42,10 @@ def rack_proximity(
     if cap <= 1.0:
         return dict.fromkeys(racks, 1.0)
     result = {rack: min(cap, max(1.0, previous.get(rack, 1.0))) for rack in racks}
-    medians = {rack: _median(values) for rack, values in latencies.items() if values}
+    medians = {rack: statistics.median(values) for rack, values in latencies.items() if values}
     nearest = min(medians.values(), default=0.0)
     if len(medians) < 2 or nearest <= 0.0:
         return result  # nothing to compare with: keep what was learned
     for rack, median in medians.items():
         result[rack] = min(cap, max(1.0, median / nearest))
     return result
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    if len(ordered) % 2:
-        return ordered[middle]
-    return (ordered[middle - 1] + ordered[middle]) / 2.0

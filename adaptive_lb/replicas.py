@@ -30,8 +30,10 @@ __all__ = ["ReplicaCache", "ReplicaResolver"]
 class ReplicaCache:
     """A thread-safe LRU map with hit, miss, eviction and invalidation counts.
 
-    One lock acquisition per :meth:`get` (~0.1 us); the counters are plain ints written under
-    that lock, so none is lost.
+    Lookups and inserts are made by :meth:`ReplicaResolver.replicas` itself, under
+    ``_lock`` (the hot path: a method call per lookup would cost ~0.1 us each); this class
+    holds the entries, the counters -- plain ints written under that lock, so none is lost
+    -- and the operations made off the hot path.
     """
 
     __slots__ = ("_entries", "_lock", "capacity", "evictions", "hits", "invalidations", "misses")
@@ -46,30 +48,6 @@ class ReplicaCache:
         self.misses = 0
         self.evictions = 0
         self.invalidations = 0
-
-    def get(self, key: Hashable) -> Any | None:
-        """Return the value for ``key`` (marking it recently used) or None, counting a hit
-        or a miss."""
-        with self._lock:
-            value = self._entries.get(key)
-            if value is None:
-                self.misses += 1
-            else:
-                self._entries.move_to_end(key)
-                self.hits += 1
-            return value
-
-    def put(self, key: Hashable, value: Any) -> None:
-        """Insert ``key``, evicting the least recently used entries beyond capacity."""
-        if self.capacity == 0:
-            return
-        with self._lock:
-            entries = self._entries
-            entries[key] = value
-            entries.move_to_end(key)
-            while len(entries) > self.capacity:
-                entries.popitem(last=False)
-                self.evictions += 1
 
     def clear(self) -> None:
         """Drop every entry (counted as one invalidation)."""
@@ -126,15 +104,6 @@ class _KeyspaceRing:
         # (generation, views per position), swapped as one reference so that a reader never
         # pairs one generation with another generation's list.
         self.memo: tuple[int, list[tuple[HostView, ...] | None]] = (-1, [])
-
-    def position(self, value: Any) -> int:
-        """Index of the ring range containing token ``value`` (-1 for an empty ring)."""
-        values = self.values
-        if not values:
-            return -1
-        point = bisect_left(values, value)
-        # Each ring entry ends its range (inclusive); past the last token wraps around.
-        return point if point < len(values) else 0
 
     def candidate_views(self, point: int, topology: Topology) -> tuple[HostView, ...]:
         """The live local replicas of ring range ``point`` in ``topology``."""
@@ -209,8 +178,8 @@ class ReplicaResolver:
                 return self._tablet_replicas(keyspace, routing_key, table, topology), None
         key = (keyspace, routing_key)
         replica_map = token_map.tokens_to_hosts_by_ks.get(keyspace)
-        # ReplicaCache.get and .put, and the ring lookups of a miss, are inlined below: this
-        # is the hot path (each Python call saved is ~0.1 us per plan).
+        # The cache lookup and insert, and the ring lookups of a miss, are inlined below:
+        # this is the hot path (each Python call saved is ~0.1 us per plan).
         cache = self._cache
         entries = cache._entries
         lock = cache._lock
@@ -241,7 +210,8 @@ class ReplicaResolver:
             return (), False
         point = bisect_left(values, self._token_value(routing_key))
         if point == len(values):
-            point = 0  # past the last token: the range wraps around to the first
+            # Each ring entry ends its range (inclusive); past the last token wraps around.
+            point = 0
         generation, memo = ring.memo
         views = memo[point] if generation == topology.generation else None
         if views is None:
