@@ -32,6 +32,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
+from operator import attrgetter
 from random import random
 from typing import Any
 
@@ -46,14 +47,7 @@ from adaptive_lb.health import HealthModel
 from adaptive_lb.proximity import rack_proximity
 from adaptive_lb.refresher import HealthRefresher
 from adaptive_lb.replicas import ReplicaResolver
-from adaptive_lb.scoring import (
-    TIE_JITTER,
-    HostView,
-    choose_fill,
-    order_lwt,
-    rank,
-    rank_with_fill,
-)
+from adaptive_lb.scoring import TIE_JITTER, HostView, order_lwt, rank
 from adaptive_lb.snapshot import HostSnapshot, PolicySnapshot
 from adaptive_lb.stats import StatsRegistry
 from adaptive_lb.topology import Topology
@@ -106,6 +100,7 @@ class _PlanSettings:
 # (cassandra-driver reports no LWT flag).
 _SERIAL = frozenset((ConsistencyLevel.SERIAL, ConsistencyLevel.LOCAL_SERIAL))
 _INFINITY = float("inf")
+_HOST = attrgetter("host")
 
 
 class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
@@ -664,8 +659,8 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                         info["position"] = "replica"
                         info["candidates"] = ordered
                     next(self._decisions["replica"])
+                    yielded.update(map(id, map(_HOST, ordered)))
                     for view in ordered:
-                        yielded.add(id(view.host))
                         yield view.host
                 elif replicas:
                     # First host without building the full candidate list when no
@@ -683,7 +678,6 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                         if score < best_score:
                             best_score = score
                             best = view
-                    fill_count = settings.sample_size - len(replicas)
                     if (
                         info is None
                         and best_score < settings.non_replica_penalty * topology.min_rack_penalty
@@ -695,13 +689,15 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                     else:
                         yielded = set()
                         others = replicas
-                    if allowed is None and not chain.predicates:
-                        ordered = rank_with_fill(
-                            others, local, fill_count, replicas, settings.non_replica_penalty
-                        )
-                    else:
-                        fill = self._fill(local, fill_count, replicas, allowed)
-                        ordered = rank(others, fill, settings.non_replica_penalty)
+                    ordered = rank(
+                        others,
+                        local
+                        if allowed is None and not chain.predicates
+                        else self._eligible(local, allowed),
+                        settings.sample_size - len(replicas),
+                        replicas,
+                        settings.non_replica_penalty,
+                    )
                     if info is not None:
                         info["candidates"] = ordered
                     if not yielded and ordered:
@@ -709,21 +705,29 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                         next(self._decisions[position])
                         if info is not None:
                             info["position"] = position
+                    # Recorded before they are yielded: one C-level pass instead of a set
+                    # insert per host (nothing between the yields below can raise).
+                    yielded.update(map(id, map(_HOST, ordered)))
                     for view in ordered:
-                        yielded.add(id(view.host))
                         yield view.host
                 else:
-                    fill = self._fill(local, settings.sample_size, (), allowed)
-                    yielded = set()
-                    ordered = rank(fill, (), 1.0)
+                    ordered = rank(
+                        (),
+                        local
+                        if allowed is None and not chain.predicates
+                        else self._eligible(local, allowed),
+                        settings.sample_size,
+                        (),
+                        1.0,
+                    )
                     if info is not None:
                         info["candidates"] = ordered
                     if ordered:
                         next(self._decisions["local"])
                         if info is not None:
                             info["position"] = "local"
+                    yielded = set(map(id, map(_HOST, ordered)))
                     for view in ordered:
-                        yielded.add(id(view.host))
                         yield view.host
             if rest is None:
                 rest = iter(self._rest_plan(keyspace, query))
@@ -771,20 +775,6 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             if (allowed is None or id(view.host) in allowed)
             and all(p(view.host) for p in predicates)
         ]
-
-    def _fill(
-        self,
-        local: tuple[HostView, ...],
-        count: int,
-        exclude: tuple[HostView, ...] | list[HostView],
-        allowed: set[int] | None,
-    ) -> list[HostView]:
-        if count <= 0:
-            return []
-        if allowed is None and not self._chain.predicates:
-            return choose_fill(local, count, exclude)
-        eligible = self._eligible(local, allowed)
-        return choose_fill(eligible, count, exclude)
 
     def _internal_error(self) -> None:
         now = self._clock.now_ns()
