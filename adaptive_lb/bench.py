@@ -66,6 +66,12 @@ def children() -> dict[str, Callable[[], Any]]:
             DCAwareRoundRobinPolicy("dc1"), lambda host: True
         ),
     }
+    if not TokenAwarePolicy.shuffle_replicas:
+        # cassandra-driver's default keeps the ring order, so one replica of each key takes
+        # all of its traffic; shuffling is what spreads it, like the adaptive policy does.
+        made["TokenAware(DCAware) shuffled"] = lambda: TokenAwarePolicy(
+            DCAwareRoundRobinPolicy("dc1"), shuffle_replicas=True
+        )
     if RackAwareRoundRobinPolicy is not None:
         made["RackAware"] = lambda: RackAwareRoundRobinPolicy("dc1", "r1")
         made["TokenAware(RackAware)"] = lambda: TokenAwarePolicy(
