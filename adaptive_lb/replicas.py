@@ -1,12 +1,13 @@
 """Replica resolution with an LRU cache.
 
 The driver's ``Metadata.get_replicas`` hashes the routing key (Murmur3), bisects a list of
-``Token`` objects with Python-level comparisons and looks the range up: ~10 us per call on
-this machine. :class:`ReplicaResolver` reads the same token map, but keeps each keyspace's
-ring as plain token values (a C-level bisect on a miss), and caches
-``(keyspace, routing key) -> replicas`` in a bounded LRU (:class:`ReplicaCache`) cleared
-whenever the driver publishes a new token map object; an entry made from a keyspace replica
-map the driver has since replaced (ALTER KEYSPACE) is treated as a miss.
+``Token`` objects and looks the range up. :class:`ReplicaResolver` reads the same token map,
+but keeps each keyspace's ring as plain token values (a C-level bisect on a miss) and the
+live local replicas of each ring range memoised per topology generation, and caches
+``(keyspace, routing key) -> ring range`` in a bounded LRU (:class:`ReplicaCache`) cleared
+whenever the driver publishes a new token map object. The keyspace's ring object stands for
+the keyspace in the cache key: when the driver replaces the keyspace's replica map (ALTER
+KEYSPACE), a new ring is built, and keys resolved from the old one miss.
 
 Tablets (scylla-driver): when the table of the statement has a tablet map, the tablet's
 replicas are used instead and never cached, since tablets move between hosts.
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 from adaptive_lb._driver import keyspace_replica_map, tablets_of, token_value_function
@@ -28,71 +29,96 @@ __all__ = ["ReplicaCache", "ReplicaResolver"]
 
 
 class ReplicaCache:
-    """A thread-safe LRU map with hit, miss, eviction and invalidation counts.
+    """A bounded LRU map, ``lookup(ring, routing_key) -> ring position``, with hit, miss,
+    eviction and invalidation counts.
 
-    Lookups and inserts are made by :meth:`ReplicaResolver.replicas` itself, under
-    ``_lock`` (the hot path: a method call per lookup would cost ~0.1 us each); this class
-    holds the entries, the counters -- plain ints written under that lock, so none is lost
-    -- and the operations made off the hot path.
+    It is :func:`functools.lru_cache` around the resolver's ring lookup: the LRU bookkeeping
+    and its counters run in C, without a Python-level lock per lookup (an ``OrderedDict``
+    behind a lock cost ~0.5 us more per miss). Hits and misses are lru_cache's own exact
+    counts; every miss inserts one entry, so evictions are the misses less the entries
+    held. :meth:`clear` and :meth:`resize` empty the cache and carry the counts over; a
+    lookup racing one of them may go uncounted.
     """
 
-    __slots__ = ("_entries", "_lock", "capacity", "evictions", "hits", "invalidations", "misses")
+    __slots__ = ("_compute", "_counts_lock", "_earlier", "capacity", "invalidations", "lookup")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, compute: Callable[[Any, bytes], int]) -> None:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
-        self.capacity = capacity
-        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-        self.evictions = 0
+        self._compute = compute
+        self._counts_lock = threading.Lock()
+        self._earlier = (0, 0, 0)
+        """(hits, misses, evictions) of the caches that :meth:`clear` / :meth:`resize`
+        replaced or emptied."""
         self.invalidations = 0
+        self.capacity = capacity
+        self.lookup: Callable[[Any, bytes], int] = lru_cache(maxsize=capacity)(compute)
+        """The cached lookup (the hot path calls it directly)."""
+
+    def _retire(self) -> None:
+        hits, misses, evictions = self._counts()
+        self._earlier = (hits, misses, evictions)
+
+    def _counts(self) -> tuple[int, int, int]:
+        info = self.lookup.cache_info()
+        hits, misses, evictions = self._earlier
+        evicted = info.misses - info.currsize if self.capacity else 0
+        return hits + info.hits, misses + info.misses, evictions + evicted
 
     def clear(self) -> None:
         """Drop every entry (counted as one invalidation)."""
-        with self._lock:
-            self._entries.clear()
+        with self._counts_lock:
+            self._retire()
+            self.lookup.cache_clear()
             self.invalidations += 1
 
     def resize(self, capacity: int) -> None:
-        """Change the capacity, evicting as needed."""
+        """Change the capacity. The cache is emptied (counted as one invalidation): this
+        happens only when a reloaded config changes ``replica_cache_size``."""
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
-        with self._lock:
+        with self._counts_lock:
+            self._retire()
             self.capacity = capacity
-            while len(self._entries) > capacity:
-                self._entries.popitem(last=False)
-                self.evictions += 1
+            self.lookup = lru_cache(maxsize=capacity)(self._compute)
+            self.invalidations += 1
+
+    @property
+    def hits(self) -> int:
+        """Lookups answered from the cache."""
+        with self._counts_lock:
+            return self._counts()[0]
+
+    @property
+    def misses(self) -> int:
+        """Lookups that had to bisect the ring."""
+        with self._counts_lock:
+            return self._counts()[1]
+
+    @property
+    def evictions(self) -> int:
+        """Entries dropped to make room (not those dropped by an invalidation)."""
+        with self._counts_lock:
+            return self._counts()[2]
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self.lookup.cache_info().currsize
 
     @property
     def hit_ratio(self) -> float:
         """hits / (hits + misses), 0 when nothing was looked up."""
-        total = self.hits + self.misses
-        return self.hits / total if total else 0.0
-
-
-# A cached resolution is a 3-item list, not an object: a miss builds one for every key, and
-# a list costs a fraction of a Python ``__init__``. The views of one topology generation
-# are stored with it as one (generation, views) tuple, replaced as one reference, so a
-# reader never pairs one generation with another generation's views.
-_REPLICA_MAP = 0
-"""The keyspace replica map the entry was resolved from (stale once the driver replaces it)."""
-_REPLICAS = 1
-"""The raw replica hosts of the key's ring range."""
-_RESOLVED = 2
-"""(topology generation, candidate views in that generation)."""
+        with self._counts_lock:
+            hits, misses, _ = self._counts()
+        total = hits + misses
+        return hits / total if total else 0.0
 
 
 class _KeyspaceRing:
     """One keyspace's ring as parallel lists (token values, replica tuples), so that a cache
     miss costs one C-level ``bisect`` on ints instead of the driver's bisect over ``Token``
-    objects with Python-level comparisons. The candidate views of each ring position are
-    memoised per topology generation: with NTS every range lists the replicas of every DC,
-    and filtering them down to the live local ones is the expensive part of a miss."""
+    objects. The candidate views of each ring position are memoised per topology
+    generation: with NTS every range lists the replicas of every DC, and filtering them down
+    to the live local ones is the expensive part of a resolution."""
 
     __slots__ = ("memo", "replica_map", "replicas", "values")
 
@@ -139,6 +165,7 @@ class ReplicaResolver:
     __slots__ = (
         "_cache",
         "_metadata",
+        "_misses_here",
         "_rings",
         "_tablets",
         "_token_map",
@@ -148,7 +175,10 @@ class ReplicaResolver:
 
     def __init__(self, metadata: Any, cache_size: int) -> None:
         self._metadata = metadata
-        self._cache = ReplicaCache(cache_size)
+        self._cache = ReplicaCache(cache_size, self._ring_position)
+        self._misses_here = threading.local()
+        """``missed``: whether this thread's last lookup computed its answer (lru_cache runs
+        the computation in the calling thread), which tells a decision trace hit from miss."""
         self._token_map: Any = None
         self._token_value: Any = None
         self._rings: dict[str, _KeyspaceRing] = {}
@@ -182,47 +212,23 @@ class ReplicaResolver:
             ring = self._ring(token_map, keyspace)
             if ring is None or not ring.values:
                 return (), False
-        key = (keyspace, routing_key)
-        generation = topology.generation
-        # The cache lookup, the ring lookup of a miss and its insert are inlined below, under
-        # one lock round trip: this is the hot path (each Python call saved is ~0.1 us).
-        cache = self._cache
-        entries = cache._entries
-        lock = cache._lock
-        lock.acquire()  # not ``with``: half the cost on CPython 3.11
-        try:
-            entry = entries.get(key)
-            if entry is not None and entry[_REPLICA_MAP] is ring.replica_map:
-                entries.move_to_end(key)
-                cache.hits += 1
-                resolved = entry[_RESOLVED]
-                if resolved[0] == generation:
-                    return resolved[1], True
-                # Hosts went up or down since: map the same replicas onto the new snapshot.
-                views = _candidate_views(entry[_REPLICAS], topology)
-                entry[_RESOLVED] = (generation, views)
-                return views, True
-            # A miss, or an entry resolved from a replica map the driver has replaced.
-            cache.misses += 1
-            values = ring.values
-            point = bisect_left(values, self._token_value(routing_key))
-            if point == len(values):
-                # Each ring entry ends its range (inclusive); past the last token wraps.
-                point = 0
-            memo_generation, memo = ring.memo
-            views = memo[point] if memo_generation == generation else None
-            if views is None:
-                views = ring.candidate_views(point, topology)
-            if cache.capacity:
-                if entry is not None:
-                    entries.move_to_end(key)
-                entries[key] = [ring.replica_map, ring.replicas[point], (generation, views)]
-                if len(entries) > cache.capacity:
-                    entries.popitem(last=False)
-                    cache.evictions += 1
-            return views, False
-        finally:
-            lock.release()
+        misses_here = self._misses_here
+        misses_here.missed = False
+        point = self._cache.lookup(ring, routing_key)
+        # candidate_views' memo check, inlined: this is the hot path.
+        generation, memo = ring.memo
+        views = memo[point] if generation == topology.generation else None
+        if views is None:
+            views = ring.candidate_views(point, topology)
+        return views, not misses_here.missed
+
+    def _ring_position(self, ring: _KeyspaceRing, routing_key: bytes) -> int:
+        # The cached computation: runs on a miss only, in the calling thread.
+        self._misses_here.missed = True
+        values = ring.values
+        point = bisect_left(values, self._token_value(routing_key))
+        # Each ring entry ends its range (inclusive); past the last token wraps around.
+        return point if point < len(values) else 0
 
     def _switch_token_map(self, token_map: Any) -> None:
         # A new token map object: ring or replication changed, every entry is stale.

@@ -167,6 +167,58 @@ def test_replica_cache_hit_miss_eviction_and_invalidation(cluster_3dc):
     assert cache.misses == 8
 
 
+def test_cache_resized_by_a_reload_starts_empty_and_keeps_its_counts(cluster_3dc):
+    policy = populated(
+        cluster_3dc,
+        TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")),
+        Config(policy=PolicyConfig(replica_cache_size=4)),
+    )
+    cache = policy.replica_cache
+    keys = murmur3_routing_keys(4, seed=8)
+    for _ in range(2):
+        for key in keys:
+            list(policy.make_query_plan("ks", statement(key)))
+    assert (cache.hits, cache.misses, len(cache)) == (4, 4, 4)
+    invalidations = cache.invalidations
+    policy.reload(Config(policy=PolicyConfig(replica_cache_size=0)))
+    assert cache.invalidations == invalidations + 1 and len(cache) == 0
+    # Size 0: nothing is kept, every lookup misses, nothing is ever evicted.
+    for key in keys:
+        plan = list(policy.make_query_plan("ks", statement(key)))
+        assert set(plan[:3]) == set(local_replicas(cluster_3dc, key))
+    assert (cache.hits, cache.misses, cache.evictions, len(cache)) == (4, 8, 0, 0)
+    policy.reload(Config(policy=PolicyConfig(replica_cache_size=2)))
+    for key in keys:
+        list(policy.make_query_plan("ks", statement(key)))
+    assert (cache.hits, cache.misses, cache.evictions, len(cache)) == (4, 12, 2, 2)
+    assert cache.hit_ratio == pytest.approx(4 / 16)
+
+
+def test_cache_counts_are_exact_under_many_threads(cluster_3dc):
+    policy = populated(
+        cluster_3dc,
+        TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")),
+        Config(policy=PolicyConfig(replica_cache_size=32)),
+    )
+    keys = murmur3_routing_keys(64, seed=12)
+    statements = [statement(key) for key in keys]
+
+    def plans(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(2000):
+            next(iter(policy.make_query_plan("ks", rng.choice(statements))))
+
+    threads = [threading.Thread(target=plans, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    cache = policy.replica_cache
+    assert cache.hits + cache.misses == 8 * 2000
+    assert cache.hits > 0 and len(cache) == 32
+    assert cache.evictions == cache.misses - 32
+
+
 def test_cache_follows_ring_changes(cluster_3dc):
     policy = populated(cluster_3dc, TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
     keys = murmur3_routing_keys(50, seed=9)
