@@ -685,7 +685,8 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                         yielded = {id(best.host)}
                         next(self._decisions["replica"])
                         yield best.host
-                        others = [view for view in replicas if view is not best]
+                        others = list(replicas)
+                        others.remove(best)  # C-level, by identity first
                     else:
                         yielded = set()
                         others = replicas
