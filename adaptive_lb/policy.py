@@ -21,8 +21,9 @@ Guarantees:
 * An exception inside this policy never reaches the driver: it is counted
   (:attr:`AdaptiveLoadBalancingPolicy.internal_errors`), logged at most once a minute, and
   the child's plan is used.
-* The hot path takes no lock except the replica cache's, reads an immutable topology
-  snapshot rebuilt only on topology events, and computes no percentile.
+* The hot path takes no Python lock (the replica cache is ``functools.lru_cache``, in C),
+  reads an immutable topology snapshot rebuilt only on topology events, and computes no
+  percentile.
 """
 
 from __future__ import annotations
