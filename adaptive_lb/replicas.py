@@ -34,10 +34,12 @@ class ReplicaCache:
 
     It is :func:`functools.lru_cache` around the resolver's ring lookup: the LRU bookkeeping
     and its counters run in C, without a Python-level lock per lookup (an ``OrderedDict``
-    behind a lock cost ~0.5 us more per miss). Hits and misses are lru_cache's own exact
-    counts; every miss inserts one entry, so evictions are the misses less the entries
-    held. :meth:`clear` and :meth:`resize` empty the cache and carry the counts over; a
-    lookup racing one of them may go uncounted.
+    behind a lock cost ~0.5 us more per miss, and threads convoyed on it). Hits and misses
+    are lru_cache's own exact counts. Evictions are derived: a miss inserts one entry, so
+    they are the misses less the entries held -- one too many where two threads missed the
+    same key at once, or where the lookup raised (a routing key that is not bytes).
+    :meth:`clear` and :meth:`resize` empty the cache and carry the counts over; a lookup
+    racing one of them may go uncounted.
     """
 
     __slots__ = ("_compute", "_counts_lock", "_earlier", "capacity", "invalidations", "lookup")
