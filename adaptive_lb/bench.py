@@ -80,6 +80,19 @@ def children() -> dict[str, Callable[[], Any]]:
     return made
 
 
+def routed_statements(count: int) -> list[SimpleStatement]:
+    """``count`` statements on keyspace ``ks`` with distinct Murmur3 routing keys (seed 1)."""
+    return [
+        SimpleStatement("SELECT v FROM ks.t WHERE k = ?", routing_key=key, keyspace="ks")
+        for key in murmur3_routing_keys(count, seed=1)
+    ]
+
+
+def cluster_45() -> Any:
+    """The 45-node topology: 5 DCs x 3 racks x 3 nodes, 16 vnodes (the driver's objects)."""
+    return build_cluster({f"dc{i}": [3, 3, 3] for i in range(1, 6)}, vnodes=16, seed=1)
+
+
 def _timed_kops(run: Callable[[int], None], count: int) -> float:
     """Kops/s of one ``run(count)``, the cyclic GC off while it runs."""
     gc.collect()
@@ -289,11 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
-    keys = murmur3_routing_keys(args.keys, seed=1)
-    statements = [
-        SimpleStatement("SELECT v FROM ks.t WHERE k = ?", routing_key=k, keyspace="ks")
-        for k in keys
-    ]
+    statements = routed_statements(args.keys)
     result: dict[str, Any] = {
         "driver": driver_name(),
         "python": platform.python_version(),
@@ -301,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         "throughput": {},
         "topology_events": [],
     }
-    small = build_cluster({f"dc{i}": [3, 3, 3] for i in range(1, 6)}, vnodes=16, seed=1)
+    small = cluster_45()
     result["throughput"]["45"] = compare(
         small, statements, args.plans, args.repeats, list(children())
     )

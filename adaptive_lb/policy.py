@@ -693,9 +693,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                         others = replicas
                     ordered = rank(
                         others,
-                        local
-                        if allowed is None and not chain.predicates
-                        else self._eligible(local, allowed),
+                        self._fill_pool(local, allowed),
                         settings.sample_size - len(replicas),
                         replicas,
                         settings.non_replica_penalty,
@@ -715,9 +713,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                 else:
                     ordered = rank(
                         (),
-                        local
-                        if allowed is None and not chain.predicates
-                        else self._eligible(local, allowed),
+                        self._fill_pool(local, allowed),
                         settings.sample_size,
                         (),
                         1.0,
@@ -777,6 +773,14 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             if (allowed is None or id(view.host) in allowed)
             and all(p(view.host) for p in predicates)
         ]
+
+    def _fill_pool(
+        self, local: tuple[HostView, ...], allowed: set[int] | None
+    ) -> tuple[HostView, ...] | list[HostView]:
+        # The hosts the fill may come from: the local candidates the child would yield.
+        if allowed is None and not self._chain.predicates:
+            return local
+        return self._eligible(local, allowed)
 
     def _internal_error(self) -> None:
         now = self._clock.now_ns()

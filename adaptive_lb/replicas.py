@@ -58,8 +58,7 @@ class ReplicaCache:
         """The cached lookup (the hot path calls it directly)."""
 
     def _retire(self) -> None:
-        hits, misses, evictions = self._counts()
-        self._earlier = (hits, misses, evictions)
+        self._earlier = self._counts()
 
     def _counts(self) -> tuple[int, int, int]:
         info = self.lookup.cache_info()

@@ -22,12 +22,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
-from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
 from adaptive_lb._driver import token_value_function
-from adaptive_lb.bench import driver_name, measure_paired
-from adaptive_lb.sim.cluster import build_cluster, murmur3_routing_keys
+from adaptive_lb.bench import cluster_45, driver_name, measure_paired, routed_statements
 
 
 class FloorPlan:
@@ -51,12 +49,8 @@ class FloorPlan:
 
 def main() -> int:
     """Measure and print."""
-    keys = murmur3_routing_keys(100_000, seed=1)
-    statements = [
-        SimpleStatement("SELECT v FROM ks.t WHERE k = ?", routing_key=k, keyspace="ks")
-        for k in keys
-    ]
-    model = build_cluster({f"dc{i}": [3, 3, 3] for i in range(1, 6)}, vnodes=16, seed=1)
+    statements = routed_statements(100_000)
+    model = cluster_45()
     hosts = model.metadata.all_hosts()
     stock = TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1"))
     stock.populate(model.cluster, hosts)

@@ -29,9 +29,8 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
-from adaptive_lb.bench import driver_name
+from adaptive_lb.bench import cluster_45, driver_name, routed_statements
 from adaptive_lb.clock import SYSTEM_CLOCK
-from adaptive_lb.sim.cluster import build_cluster, murmur3_routing_keys
 from adaptive_lb.stats import StatsRegistry
 
 SECONDS = 3.0
@@ -92,11 +91,8 @@ def tracking(hosts: list[Any]) -> Any:
 
 def main() -> int:
     """Measure and print."""
-    statements = [
-        SimpleStatement("SELECT v FROM ks.t WHERE k = ?", routing_key=k, keyspace="ks")
-        for k in murmur3_routing_keys(100_000, seed=1)
-    ]
-    model = build_cluster({f"dc{i}": [3, 3, 3] for i in range(1, 6)}, vnodes=16, seed=1)
+    statements = routed_statements(100_000)
+    model = cluster_45()
     hosts = model.metadata.all_hosts()
     print(f"{driver_name()}: thousands per second, all threads together")
     for threads in (1, 2, 8):
