@@ -72,6 +72,7 @@ __all__ = [
     "ensure_simulacron_jar",
     "free_tcp_port",
     "pick_node_ip",
+    "wait_for_pools",
 ]
 
 SIMULACRON_VERSION = "0.12.0"
@@ -952,3 +953,22 @@ def connect_driver(
         cluster.shutdown()
         raise
     return cluster, session
+
+
+def wait_for_pools(session: Any, datacenter: str, timeout: float = 20.0) -> bool:
+    """Wait until every host of ``datacenter`` is up with an open connection in ``session``'s
+    pools; True if they all are within ``timeout`` seconds.
+
+    Until then the driver skips a host (scylla-driver opens its per-shard pools in the
+    background after connect, and a pool that failed to connect under load is retried after
+    the reconnection delay), so the first host of a plan may not be the one that serves.
+    """
+    hosts = [h for h in session.cluster.metadata.all_hosts() if h.datacenter == datacenter]
+    deadline = time.monotonic() + timeout
+    while True:
+        state = session.get_pool_state()
+        if all(h.is_up and h in state and state[h]["open_count"] > 0 for h in hosts):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)

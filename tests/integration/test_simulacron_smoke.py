@@ -20,7 +20,7 @@ from cassandra.cluster import Cluster, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import PreparedStatement
 
-from tests.integration.simulacron import Simulacron, connect_driver
+from tests.integration.simulacron import Simulacron, connect_driver, wait_for_pools
 
 pytestmark = pytest.mark.integration
 
@@ -55,6 +55,8 @@ def driver(nodes: dict[str, list[str]]) -> Iterator[tuple[Cluster, Session, Prep
     )
     try:
         print(f"\ndriver connected in {time.perf_counter() - t0:.2f} s")
+        # Routing is judged on a settled driver: every dc1 host up with an open pool.
+        assert wait_for_pools(session, "dc1"), session.get_pool_state()
         yield cluster, session, session.prepare(QUERY)
     finally:
         cluster.shutdown()

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, instrument
 from adaptive_lb.tracing import EVENT_NAME
-from tests.integration.simulacron import Simulacron
+from tests.integration.simulacron import Simulacron, wait_for_pools
 
 instrumentation = pytest.importorskip(
     "opentelemetry.instrumentation.cassandra",
@@ -60,15 +60,7 @@ def test_decision_lands_in_the_instrumentation_span(driver_factory, nodes, trace
     _, session = driver_factory(policy, contact_points=[nodes["dc1"][0]])
     instrument(session)
     statement = session.prepare(QUERY)
-    # scylla-driver opens its per-shard pools in the background after connect; until they
-    # are up the driver skips a host it has no pool for, so wait for every dc1 pool.
-    deadline = time.monotonic() + 20
-    dc1 = [h for h in session.cluster.metadata.all_hosts() if h.datacenter == "dc1"]
-    while time.monotonic() < deadline:
-        state = session.get_pool_state()
-        if all(host in state and state[host]["open_count"] > 0 for host in dc1):
-            break
-        time.sleep(0.1)
+    wait_for_pools(session, "dc1")
     time.sleep(0.5)
     exporter.clear()
     coordinators = []
