@@ -52,7 +52,7 @@ import bisect
 import logging
 import statistics
 import threading
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from attrs import define
@@ -324,7 +324,8 @@ class HealthModel:
         self._state_lock = threading.Lock()
         """Guards the verdicts while a refresh applies them against mark_up / forget."""
         self._forgotten: set[Hashable] = set()
-        """Keys forgotten since the last refresh began (it must not re-add them)."""
+        """Keys forgotten while a refresh runs (it must not re-add them)."""
+        self._refreshing = False
         self._answered: dict[Hashable, tuple[int, int]] = {}
         """Per host: (answers counted at the last refresh, since when it has had requests in
         flight without a new answer, ns), for the stall rule."""
@@ -377,7 +378,10 @@ class HealthModel:
             self._answered.pop(key, None)
             self._unreported.pop(key, None)
             # A refresh may be computing windows from a mapping that still holds the key.
-            self._forgotten.add(key)
+            # (Only then: with no refresh running there is nothing to undo, and keeping
+            # the key would hold a removed host for ever.)
+            if self._refreshing:
+                self._forgotten.add(key)
 
     def pop_unreported(self, key: Hashable) -> HealthTransition | None:
         """The latest transition of ``key`` not yet shown in a trace (then forgotten): the
@@ -387,7 +391,10 @@ class HealthModel:
         return self._unreported.pop(key, None)
 
     def maybe_refresh(
-        self, stats: Mapping[Hashable, HostStats], groups: Mapping[Hashable, Hashable]
+        self,
+        stats: Mapping[Hashable, HostStats],
+        groups: Mapping[Hashable, Hashable],
+        is_known: Callable[[Hashable], bool] | None = None,
     ) -> list[HealthTransition] | None:
         """:meth:`refresh` if ``refresh_interval`` has passed since the last one and no other
         thread is refreshing right now; None otherwise (an int compare when it is not
@@ -400,22 +407,48 @@ class HealthModel:
             # Another thread may have refreshed between the compare and the acquire.
             if self._clock.now_ns() < self._next_refresh_ns:
                 return None
-            return self._refresh(stats, groups)
+            return self._refresh(stats, groups, is_known)
         finally:
             self._refresh_lock.release()
 
     def refresh(
-        self, stats: Mapping[Hashable, HostStats], groups: Mapping[Hashable, Hashable]
+        self,
+        stats: Mapping[Hashable, HostStats],
+        groups: Mapping[Hashable, Hashable],
+        is_known: Callable[[Hashable], bool] | None = None,
     ) -> list[HealthTransition]:
         """Compute every host's window once, the peer medians per group (a host's peers are
         the other hosts of its group, e.g. its datacenter; hosts missing from ``groups``
         form one group), and the new verdicts; publish them on the hosts' stats and return
-        the transitions. Waits for a refresh in progress."""
+        the transitions. Waits for a refresh in progress.
+
+        ``is_known(key)``, when given, is asked while the verdicts are applied: a key it
+        denies (removed since ``stats`` was taken) gets no verdict. The caller must
+        publish a removal before calling :meth:`forget`, so that a removal racing the
+        refresh is seen by one or the other."""
         with self._refresh_lock:
-            return self._refresh(stats, groups)
+            return self._refresh(stats, groups, is_known)
 
     def _refresh(
-        self, stats: Mapping[Hashable, HostStats], groups: Mapping[Hashable, Hashable]
+        self,
+        stats: Mapping[Hashable, HostStats],
+        groups: Mapping[Hashable, Hashable],
+        is_known: Callable[[Hashable], bool] | None,
+    ) -> list[HealthTransition]:
+        with self._state_lock:
+            self._refreshing = True
+        try:
+            return self._assess_all(stats, groups, is_known)
+        finally:
+            with self._state_lock:
+                self._refreshing = False
+                self._forgotten.clear()
+
+    def _assess_all(
+        self,
+        stats: Mapping[Hashable, HostStats],
+        groups: Mapping[Hashable, Hashable],
+        is_known: Callable[[Hashable], bool] | None,
     ) -> list[HealthTransition]:
         config = self._config
         window_s = self._window_s
@@ -437,7 +470,8 @@ class HealthModel:
         transitions = []
         with self._state_lock:
             for key, window in windows.items():
-                if key in self._forgotten:
+                if key in self._forgotten or (is_known is not None and not is_known(key)):
+                    self._forgotten.add(key)
                     continue
                 group = by_group.get(groups.get(key), [])
                 latency = window.latency.get(percentile)
@@ -459,7 +493,8 @@ class HealthModel:
             for key in self._forgotten:
                 windows.pop(key, None)
                 self._answered.pop(key, None)
-            self._forgotten.clear()
+                self._health.pop(key, None)
+                self._unreported.pop(key, None)
             self._windows = windows
             self.refreshes += 1
         for transition in transitions:

@@ -44,6 +44,7 @@ from cassandra.policies import LoadBalancingPolicy
 from adaptive_lb._driver import LOCAL_DISTANCES, ChildChain, analyse_child
 from adaptive_lb.clock import SYSTEM_CLOCK, Clock
 from adaptive_lb.config import Config
+from adaptive_lb.errors import ErrorLog
 from adaptive_lb.health import HealthModel
 from adaptive_lb.proximity import rack_proximity
 from adaptive_lb.refresher import HealthRefresher
@@ -61,7 +62,6 @@ DECISION_POSITIONS = ("replica", "non_replica", "local", "child", "fallback")
 
 log = logging.getLogger("adaptive_lb.policy")
 
-_ERROR_LOG_INTERVAL_NS = 60 * 1_000_000_000
 _STARTUP_GRACE_NS = 5 * 1_000_000_000
 """Hosts added within this long of ``populate`` do not start WARMING."""
 _BLIP_NS = 1_000_000_000
@@ -102,6 +102,13 @@ class _PlanSettings:
 _SERIAL = frozenset((ConsistencyLevel.SERIAL, ConsistencyLevel.LOCAL_SERIAL))
 _INFINITY = float("inf")
 _HOST = attrgetter("host")
+
+
+def _count_value(counter: itertools.count) -> int:  # type: ignore[type-arg]
+    """The next value of ``counter`` without advancing it: ``repr(itertools.count(n))`` is
+    ``"count(n)"``. An ``itertools.count`` is the counter of choice on the hot path: one
+    C-level ``next()`` is atomic, with no Python lock."""
+    return int(repr(counter)[6:-1])
 
 
 class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
@@ -150,6 +157,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         self._live: set[int] = set()
         self._local_dc_seen: Any = None
         self._metadata: Any = None
+        self._cluster: Any = None
         self._populated_ns: int | None = None
         self._down_since: dict[int, int] = {}
         self._rack_proximity: dict[Any, float] = {}
@@ -162,14 +170,40 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         # Plans by where their first host came from; itertools.count increments atomically
         # (one C call, no lock) and is read at scrape time only.
         self._decisions = {position: itertools.count() for position in DECISION_POSITIONS}
+        self._untracked_attempts = itertools.count()
+        self._unknown_host_events = itertools.count()
         self.config_reloads = {"success": 0, "failure": 0}
         """Reloads through :meth:`reload`, by result."""
         self._error_lock = threading.Lock()
-        self.internal_errors = 0
-        """Exceptions caught inside the policy (each answered with the child's plan)."""
-        self._last_error_log_ns: int | None = None
+        self.errors = ErrorLog(self._clock, log)
+        """Internal errors by stage (plan, tracing, health refresh, snapshot...), each
+        logged at most once a minute per stage."""
 
     # ------------------------------------------------------------------ properties
+
+    @property
+    def internal_errors(self) -> int:
+        """Exceptions caught inside adaptive-lb for this policy, every stage together (a
+        plan error is answered with the child's plan; see :attr:`errors` by stage)."""
+        return self.errors.total
+
+    @property
+    def untracked_attempts(self) -> int:
+        """Attempts sent to a host this policy does not know (removed after the plan was
+        made, or never seen): not tracked, so that no state is created for them."""
+        return _count_value(self._untracked_attempts)
+
+    @property
+    def unknown_host_events(self) -> int:
+        """``on_up`` / ``on_down`` for hosts this policy does not know (never added, or
+        already removed): passed to the child, ignored here."""
+        return _count_value(self._unknown_host_events)
+
+    def record_error(self, stage: str, what: str) -> None:
+        """Count an exception caught in ``stage`` (see :data:`adaptive_lb.errors.ERROR_STAGES`)
+        and log it at most once a minute per stage; call it from the ``except`` block.
+        Exporters, the health refresher and the config watcher report through it."""
+        self.errors.record(stage, what)
 
     @property
     def child(self) -> LoadBalancingPolicy:
@@ -187,8 +221,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         replica set existed but a non-replica scored best), ``local`` (no routing key or no
         replicas: least-loaded local host), ``child`` (no local candidate, or a target host:
         the child's plan decided), ``fallback`` (internal error)."""
-        # repr(itertools.count(n)) is "count(n)": the only way to read it without advancing.
-        return {position: int(repr(c)[6:-1]) for position, c in self._decisions.items()}
+        return {position: _count_value(c) for position, c in self._decisions.items()}
 
     @property
     def config_hash(self) -> str:
@@ -213,19 +246,49 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
     # ------------------------------------------------------------------ driver contract
 
     def populate(self, cluster: Any, hosts: Any) -> None:
-        """Populate the child, then build the topology snapshot and the replica resolver."""
-        self._child.populate(cluster, hosts)
+        """Populate the child, then build the topology snapshot and the replica resolver
+        afresh from ``hosts`` (statistics of hosts no longer listed are forgotten).
+
+        One policy serves one ``Cluster``: the driver populates it again when it is also
+        used by another execution profile of the same cluster, which is fine; populating it
+        for a second cluster while the first is still open raises ``ValueError`` (its plans
+        would mix the two clusters' hosts). Once the first cluster is shut down (or
+        garbage-collected) the policy may be reused for another one."""
+        hosts = list(hosts)
         with self._topology_lock:
+            self._check_one_cluster(cluster)
+            self._child.populate(cluster, hosts)
             if self._populated_ns is None:
                 self._populated_ns = self._clock.now_ns()
+            if self._metadata is not cluster.metadata or self._resolver is None:
+                self._resolver = ReplicaResolver(
+                    cluster.metadata, self._config.policy.replica_cache_size
+                )
+            self._cluster = cluster
             self._metadata = cluster.metadata
-            self._resolver = ReplicaResolver(
-                cluster.metadata, self._config.policy.replica_cache_size
-            )
-            for host in hosts:
-                self._hosts[id(host)] = host
-                self._live.add(id(host))
+            previous = self._hosts
+            self._hosts = {id(host): host for host in hosts}
+            self._live = set(self._hosts)
+            self._down_since.clear()
             self._rebuild()
+            for key, host in previous.items():
+                if key not in self._hosts:
+                    self.stats.remove(host)
+                    self.health.forget(host)
+
+    def _check_one_cluster(self, cluster: Any) -> None:
+        previous = self._cluster
+        if previous is None or self._metadata is cluster.metadata:
+            return
+        try:
+            open_ = not getattr(previous, "is_shutdown", False)
+        except ReferenceError:  # the driver passes a weakref.proxy of its Cluster
+            open_ = False
+        if open_:
+            raise ValueError(
+                "this AdaptiveLoadBalancingPolicy already serves another Cluster that is "
+                "still open; give each Cluster its own policy object"
+            )
 
     def distance(self, host: Any) -> int:
         """The child's distance."""
@@ -239,10 +302,12 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         """Tell the child, then mark the host live in the snapshot; a host coming back
         starts WARMING (its penalty decays to 1 over ``health.slow_start``)."""
         self._child.on_up(host)
+        if id(host) not in self._hosts:
+            next(self._unknown_host_events)
+            return
         was_live = id(host) in self._live
         down_since = self._down_since.pop(id(host), None)
-        self._host_changed(host, live=True)
-        if was_live:
+        if not self._host_changed(host, live=True, known_only=True) or was_live:
             return
         if down_since is not None:
             # A real outage (not the contact point's bounce while the driver connects).
@@ -254,8 +319,10 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
     def on_down(self, host: Any) -> None:
         """Tell the child, then mark the host not live in the snapshot."""
         self._child.on_down(host)
+        if id(host) not in self._hosts or not self._host_changed(host, live=False, known_only=True):
+            next(self._unknown_host_events)
+            return
         self._down_since.setdefault(id(host), self._clock.now_ns())
-        self._host_changed(host, live=False)
 
     def on_add(self, host: Any) -> None:
         """Tell the child, then add the host (live, like the stock policies do); a host
@@ -276,13 +343,14 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
     def on_remove(self, host: Any) -> None:
         """Tell the child, then forget the host and free its statistics."""
         self._child.on_remove(host)
-        self._down_since.pop(id(host), None)
         with self._topology_lock:
+            self._down_since.pop(id(host), None)
             self._hosts.pop(id(host), None)
             self._live.discard(id(host))
             self._generation += 1
             self._topology = self._topology.without_host(host, self._generation)
-        self.stats.remove(host)
+            # Under the lock: an on_add of the same host right after must find it gone.
+            self.stats.remove(host)
         self.health.forget(host)
 
     # ------------------------------------------------------------------ topology
@@ -321,9 +389,13 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         views = [self._view(host, key in live) for key, host in self._hosts.items()]
         self._topology = Topology.build(views, self._generation)
 
-    def _host_changed(self, host: Any, live: bool) -> None:
+    def _host_changed(self, host: Any, live: bool, known_only: bool = False) -> bool:
+        """Publish ``host``'s new liveness; with ``known_only``, only if it is still known
+        (an on_remove may have run since the caller looked). True if published."""
         with self._topology_lock:
             key = id(host)
+            if known_only and key not in self._hosts:
+                return False
             self._hosts[key] = host
             if live:
                 self._live.add(key)
@@ -333,9 +405,10 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                 # DCAwareRoundRobinPolicy inferred its local DC from this host: every
                 # distance may have changed.
                 self._rebuild()
-                return
+                return True
             self._generation += 1
             self._topology = self._topology.with_view(self._view(host, live), self._generation)
+            return True
 
     # ------------------------------------------------------------------ health
 
@@ -343,7 +416,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         """Recompute every known host's health from its statistics window now, and return
         the transitions. Percentiles are computed here, never per request."""
         stats, groups = self._health_inputs()
-        transitions = self.health.refresh(stats, groups)
+        transitions = self.health.refresh(stats, groups, self._knows)
         self._refresh_rack_proximity()
         return transitions
 
@@ -351,7 +424,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         """:meth:`refresh_health` if ``health.refresh_interval`` has passed since the last
         refresh and no other thread is refreshing; None otherwise."""
         stats, groups = self._health_inputs()
-        transitions = self.health.maybe_refresh(stats, groups)
+        transitions = self.health.maybe_refresh(stats, groups, self._knows)
         if transitions is not None:
             self._refresh_rack_proximity()
         return transitions
@@ -382,6 +455,10 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         if rack_penalty <= 1.0:
             return rack_penalty
         return rack_penalty * self._rack_proximity.get(rack, 1.0)
+
+    def _knows(self, host: Any) -> bool:
+        """``host`` is in the topology in force (not removed since a refresh began)."""
+        return id(host) in self._topology.by_id
 
     def _health_inputs(self) -> tuple[dict[Any, Any], dict[Any, Any]]:
         # A host's peers are the other hosts of its datacenter.
@@ -473,14 +550,17 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
 
             try:
                 config = load_config(new)
-            except Exception:
+            except Exception as exc:
                 with self._error_lock:
                     self.config_reloads["failure"] += 1
+                # The message only: a ConfigError says what is wrong without echoing
+                # secret-bearing values, and a traceback's frames could show them.
                 log.error(
-                    "adaptive-lb: config reload from %s failed; keeping %s",
+                    "adaptive-lb: config reload from %s failed; keeping %s: %s: %s",
                     new,
                     self._config_hash,
-                    exc_info=True,
+                    type(exc).__name__,
+                    exc,
                 )
                 raise
         with self._error_lock:
@@ -537,7 +617,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             decision, events = self._decision(info, hosts, working_keyspace, query)
             self._tracer.record(span, decision, events)
         except Exception:
-            self._internal_error()
+            self.errors.record("tracing", "the decision is not recorded on the span")
         return iter(hosts)
 
     def _decision(
@@ -746,12 +826,14 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                 if info is not None:
                     info["position"] = "child"
 
-        if yielded:
-            for host in rest:
-                if id(host) not in yielded:
-                    yield host
-        else:
-            yield from rest
+        # The rest of the child's plan, each host once (a child may repeat a host).
+        if yielded is None:
+            yielded = set()
+        for host in rest:
+            key = id(host)
+            if key not in yielded:
+                yielded.add(key)
+                yield host
 
     def _rest_plan(self, keyspace: str | None, query: Any) -> Iterator[Any]:
         chain = self._chain
@@ -783,16 +865,4 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         return self._eligible(local, allowed)
 
     def _internal_error(self) -> None:
-        now = self._clock.now_ns()
-        with self._error_lock:
-            self.internal_errors += 1
-            last = self._last_error_log_ns
-            if last is not None and now - last < _ERROR_LOG_INTERVAL_NS:
-                return
-            self._last_error_log_ns = now
-            count = self.internal_errors
-        log.exception(
-            "adaptive-lb: internal error while building a query plan; the child's plan is "
-            "used instead (%d internal errors so far, logged at most once a minute)",
-            count,
-        )
+        self.errors.record("plan", "the child's plan is used instead")

@@ -3,14 +3,11 @@ no request arrives to notice the refresh deadline)."""
 
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
 from typing import Any
 
 __all__ = ["HealthRefresher"]
-
-log = logging.getLogger("adaptive_lb.policy")
 
 
 class HealthRefresher(threading.Thread):
@@ -33,7 +30,7 @@ class HealthRefresher(threading.Thread):
             try:
                 policy.maybe_refresh_health()
             except Exception:
-                log.exception("adaptive-lb: health refresh failed; keeping the last health")
+                policy.record_error("health_refresh", "the last health verdicts stay")
             del policy
             if self._stop_event.wait(interval):
                 return

@@ -183,6 +183,55 @@ class _Interval:
             _clear(self.histogram)
 
 
+@define(frozen=True, slots=True)
+class _Layout:
+    """A tracking config with the numbers derived from it: the window's interval length and
+    hdrh's index arithmetic for the histograms (every histogram of a host has this layout).
+    :class:`HostStats` publishes one as a single reference, so a reader outside the lock
+    never pairs one config's slot arithmetic with another config's histograms."""
+
+    config: TrackingConfig
+    alpha: float
+    min_us: int
+    max_us: int
+    interval_ns: int
+    unit_magnitude: int
+    sub_bucket_mask: int
+    sub_bucket_half: int
+    sub_bucket_half_magnitude: int
+    bucket_shift: int
+
+    @classmethod
+    def of(cls, config: TrackingConfig) -> _Layout:
+        """The layout of ``config``."""
+        min_us = max(1, round(config.latency_min * 1e6))
+        max_us = max(min_us + 1, round(config.latency_max * 1e6))
+        probe = _histogram(config, min_us, max_us)
+        return cls(
+            config=config,
+            alpha=config.ewma_alpha,
+            min_us=min_us,
+            max_us=max_us,
+            interval_ns=max(1, round(config.window * 1e9 / config.intervals)),
+            unit_magnitude=probe.unit_magnitude,
+            sub_bucket_mask=probe.sub_bucket_mask,
+            sub_bucket_half=probe.sub_bucket_half_count,
+            sub_bucket_half_magnitude=probe.sub_bucket_half_count_magnitude,
+            bucket_shift=probe.unit_magnitude + probe.sub_bucket_half_count_magnitude + 1,
+        )
+
+    def new_histogram(self) -> HdrHistogram:
+        """An empty histogram of this layout."""
+        return _histogram(self.config, self.min_us, self.max_us)
+
+
+def _histogram(config: TrackingConfig, min_us: int, max_us: int) -> HdrHistogram:
+    # hdrh needs highest >= 2 x lowest; values are clamped to [min_us, max_us] anyway.
+    return HdrHistogram(
+        min_us, max(max_us, 2 * min_us), config.significant_digits, word_size=_WORD_SIZE
+    )
+
+
 class HostStats:
     """Live statistics of one host. See the module docstring for the threading contract.
 
@@ -193,21 +242,12 @@ class HostStats:
 
     __slots__ = (
         "__weakref__",
-        "_alpha",
-        "_bucket_shift",
         "_clock_now",
-        "_config",
         "_current",
         "_deadline_ns",
-        "_interval_ns",
         "_intervals",
+        "_layout",
         "_lock",
-        "_max_us",
-        "_min_us",
-        "_sub_bucket_half",
-        "_sub_bucket_half_magnitude",
-        "_sub_bucket_mask",
-        "_unit_magnitude",
         "abandons_total",
         "errors_total",
         "ewma_s",
@@ -250,29 +290,13 @@ class HostStats:
         self._configure(config)
 
     def _configure(self, config: TrackingConfig) -> None:
-        self._config = config
-        self._alpha = config.ewma_alpha
-        self._min_us = max(1, round(config.latency_min * 1e6))
-        self._max_us = max(self._min_us + 1, round(config.latency_max * 1e6))
-        self._interval_ns = max(1, round(config.window * 1e9 / config.intervals))
+        # Caller holds the lock (or is __init__). The layout and the intervals laid out by
+        # it are replaced together: readers outside the lock only ever see one layout.
+        layout = _Layout.of(config)
         self._intervals = [_Interval() for _ in range(config.intervals)]
         self._current = 0
-        self._deadline_ns = self._clock_now() + self._interval_ns
-        # hdrh's index arithmetic, precomputed for _record (every histogram of this host has
-        # the same layout).
-        layout = self._new_histogram()
-        self._unit_magnitude: int = layout.unit_magnitude
-        self._sub_bucket_mask: int = layout.sub_bucket_mask
-        self._sub_bucket_half: int = layout.sub_bucket_half_count
-        self._sub_bucket_half_magnitude: int = layout.sub_bucket_half_count_magnitude
-        self._bucket_shift: int = layout.unit_magnitude + layout.sub_bucket_half_count_magnitude + 1
-
-    def _new_histogram(self) -> HdrHistogram:
-        # hdrh needs highest >= 2 x lowest; values are clamped to [_min_us, _max_us] anyway.
-        highest = max(self._max_us, 2 * self._min_us)
-        return HdrHistogram(
-            self._min_us, highest, self._config.significant_digits, word_size=_WORD_SIZE
-        )
+        self._deadline_ns = self._clock_now() + layout.interval_ns
+        self._layout = layout
 
     def reconfigure(self, config: TrackingConfig) -> None:
         """Adopt a new window / histogram layout (the window starts empty; in-flight,
@@ -283,7 +307,7 @@ class HostStats:
     @property
     def config(self) -> TrackingConfig:
         """The tracking config in force."""
-        return self._config
+        return self._layout.config
 
     # ---------------------------------------------------------------- lifecycle
     #
@@ -306,17 +330,20 @@ class HostStats:
         # The most frequent event of all: _release() and _record() are inlined here (two
         # Python calls saved, ~0.2 us); keep the three in step.
         now = self._clock_now()
-        config = self._config  # the layout the slot below is computed for
+        # One read of the layout: the slot below is computed for it, and written only if
+        # it is still the layout in force once the lock is held (a reload publishes a new
+        # layout, with new intervals, under the lock).
+        layout = self._layout
         value = latency_ns // _NS_PER_US
-        if value < self._min_us:
-            value = self._min_us
-        elif value > self._max_us:
-            value = self._max_us
-        bucket = (value | self._sub_bucket_mask).bit_length() - self._bucket_shift
+        if value < layout.min_us:
+            value = layout.min_us
+        elif value > layout.max_us:
+            value = layout.max_us
+        bucket = (value | layout.sub_bucket_mask).bit_length() - layout.bucket_shift
         slot = (
-            ((bucket + 1) << self._sub_bucket_half_magnitude)
-            + (value >> (bucket + self._unit_magnitude))
-            - self._sub_bucket_half
+            ((bucket + 1) << layout.sub_bucket_half_magnitude)
+            + (value >> (bucket + layout.unit_magnitude))
+            - layout.sub_bucket_half
         )
         seconds = value / 1e6
         with self._lock:
@@ -330,7 +357,7 @@ class HostStats:
             interval.successes += 1
             self.requests_total += 1
             counts = interval.counts
-            if counts is None or self._config is not config:
+            if counts is None or self._layout is not layout:
                 # The interval's first sample (its histogram is allocated), or a
                 # reconfigure changed the layout since the slot was computed.
                 self._record(interval, latency_ns)
@@ -342,7 +369,7 @@ class HostStats:
                 if value < interval.min_us:
                     interval.min_us = value
                 ewma = self.ewma_s
-                self.ewma_s = seconds if ewma is None else ewma + self._alpha * (seconds - ewma)
+                self.ewma_s = seconds if ewma is None else ewma + layout.alpha * (seconds - ewma)
 
     def on_error(self, latency_ns: int, *, fast: bool = True) -> None:
         """The attempt failed. A *fast* error (overloaded, unavailable, broken connection)
@@ -399,19 +426,20 @@ class HostStats:
         """Clamp the latency to the histogram's range and count it in ``interval``, exactly
         as ``HdrHistogram.record_value`` would (inlined: that method costs ~1-2 us), then
         update the EWMA."""
+        layout = self._layout
         value = latency_ns // _NS_PER_US
-        if value < self._min_us:
-            value = self._min_us
-        elif value > self._max_us:
-            value = self._max_us
+        if value < layout.min_us:
+            value = layout.min_us
+        elif value > layout.max_us:
+            value = layout.max_us
         counts = interval.counts
         if counts is None:
-            counts = interval.allocate(self._new_histogram())
-        bucket = (value | self._sub_bucket_mask).bit_length() - self._bucket_shift
+            counts = interval.allocate(layout.new_histogram())
+        bucket = (value | layout.sub_bucket_mask).bit_length() - layout.bucket_shift
         counts[
-            ((bucket + 1) << self._sub_bucket_half_magnitude)
-            + (value >> (bucket + self._unit_magnitude))
-            - self._sub_bucket_half
+            ((bucket + 1) << layout.sub_bucket_half_magnitude)
+            + (value >> (bucket + layout.unit_magnitude))
+            - layout.sub_bucket_half
         ] += 1
         interval.samples += 1
         if value > interval.max_us:
@@ -420,18 +448,19 @@ class HostStats:
             interval.min_us = value
         seconds = value / 1e6
         ewma = self.ewma_s
-        self.ewma_s = seconds if ewma is None else ewma + self._alpha * (seconds - ewma)
+        self.ewma_s = seconds if ewma is None else ewma + layout.alpha * (seconds - ewma)
 
     def _rotate(self, now: int) -> None:
         """Move to the interval that contains ``now``, clearing every interval skipped on
         the way (after ``window`` seconds of idleness, that is all of them)."""
-        elapsed = (now - self._deadline_ns) // self._interval_ns + 1
+        interval_ns = self._layout.interval_ns
+        elapsed = (now - self._deadline_ns) // interval_ns + 1
         intervals = self._intervals
         count = len(intervals)
         for _ in range(min(elapsed, count)):
             self._current = (self._current + 1) % count
             intervals[self._current].clear()
-        self._deadline_ns += elapsed * self._interval_ns
+        self._deadline_ns += elapsed * interval_ns
 
     # ---------------------------------------------------------------- reading
 
@@ -441,7 +470,8 @@ class HostStats:
         (a C-level add per interval, a few us each); the percentiles are read outside it."""
         now = self._clock_now()
         # Allocated before taking the lock when the host has ever recorded a sample.
-        scratch = self._new_histogram() if self.ewma_s is not None else None
+        layout = self._layout
+        scratch = layout.new_histogram() if self.ewma_s is not None else None
         with self._lock:
             if now >= self._deadline_ns:
                 self._rotate(now)
@@ -453,7 +483,7 @@ class HostStats:
                 histogram = interval.synced_histogram()
                 if histogram is not None:
                     if scratch is None or scratch.counts_len != histogram.counts_len:
-                        scratch = self._new_histogram()  # a reconfigure raced us
+                        scratch = self._layout.new_histogram()  # a reconfigure raced us
                     # HdrHistogram.add() does exactly this for equal layouts (always the
                     # case here), plus ~10 us of Python range checks under our lock.
                     scratch.encoder.add(histogram.encoder)

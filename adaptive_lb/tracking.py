@@ -83,7 +83,15 @@ class _Attempts(dict):  # type: ignore[type-arg]
         policy = self.policy
         key = id(host)
         view = policy._topology.by_id.get(key)
-        stats = view.stats if view is not None else policy.stats.get(host)
+        if view is not None:
+            stats = view.stats
+        else:
+            # Not in the topology in force (removed since the plan was made): counted,
+            # and no statistics are created for a host the policy has forgotten.
+            stats = policy.stats.peek(host)
+            if stats is None:
+                next(policy._untracked_attempts)
+                return
         stats.on_send()
         # The same host again while its attempt is outstanding (a retry racing a late
         # response): the older attempt is superseded.

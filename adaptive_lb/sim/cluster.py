@@ -87,9 +87,11 @@ class _MetadataOnly:
 
     def __init__(self, metadata: Metadata) -> None:
         self.metadata = metadata
+        self.is_shutdown = False
 
     def shutdown(self) -> None:
-        """Nothing to release."""
+        """Nothing to release (marks it shut down, as a ``Cluster`` would be)."""
+        self.is_shutdown = True
 
 
 def _make_host(address: str, datacenter: str, rack: str, rng: random.Random) -> Host:
