@@ -188,6 +188,11 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         return self.errors.total
 
     @property
+    def internal_errors_by_stage(self) -> dict[str, int]:
+        """:attr:`internal_errors` by stage (every stage listed, zeros included)."""
+        return self.errors.counts()
+
+    @property
     def untracked_attempts(self) -> int:
         """Attempts sent to a host this policy does not know (removed after the plan was
         made, or never seen): not tracked, so that no state is created for them."""
@@ -533,6 +538,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             replica_cache_evictions=cache.evictions if cache is not None else 0,
             replica_cache_invalidations=cache.invalidations if cache is not None else 0,
             internal_errors=self.internal_errors,
+            plan_fallbacks=self.errors.counts()["plan"],
         )
 
     # ------------------------------------------------------------------ config

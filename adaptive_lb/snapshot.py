@@ -6,9 +6,14 @@ plain counters); taking one never computes a percentile.
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from attrs import define
 
-__all__ = ["HostSnapshot", "PolicySnapshot"]
+__all__ = ["HostSnapshot", "PolicySnapshot", "take_snapshot"]
+
+log = logging.getLogger("adaptive_lb.exporters")
 
 
 @define(frozen=True, slots=True)
@@ -57,6 +62,9 @@ class PolicySnapshot:
     replica_cache_evictions: int
     replica_cache_invalidations: int
     internal_errors: int
+    """Exceptions caught inside adaptive-lb, every stage together."""
+    plan_fallbacks: int = 0
+    """Plans answered with the child's plan after an internal error (stage ``plan``)."""
 
     @property
     def replica_cache_hit_ratio(self) -> float:
@@ -69,4 +77,20 @@ class PolicySnapshot:
         for host in self.hosts:
             if host.address == address:
                 return host
+        return None
+
+
+def take_snapshot(policy: Any) -> PolicySnapshot | None:
+    """``policy.snapshot()``, or None when it raises: the failure is counted and logged
+    through the policy's error path (stage ``snapshot``, at most once a minute), so that a
+    broken snapshot neither fails a scrape nor writes a traceback per scrape. Objects
+    without that path (any object with ``snapshot()`` may be exported) log a warning."""
+    try:
+        return policy.snapshot()
+    except Exception:
+        record_error = getattr(policy, "record_error", None)
+        if record_error is None:
+            log.warning("adaptive-lb: snapshot of %r failed", policy, exc_info=True)
+        else:
+            record_error("snapshot", "this collection goes without the policy's numbers")
         return None

@@ -21,6 +21,7 @@ instrument                               kind                       Prometheus f
                                          evictions, invalidations)
 ``adaptive_lb.replica_cache.size``       gauge                      ``..._replica_cache_size``
 ``adaptive_lb.plan_fallbacks``           counter                    ``..._plan_fallbacks_total``
+``adaptive_lb.internal_errors``          counter, ``stage``         ``..._internal_errors_total``
 ``adaptive_lb.config.reloads``           counter, ``result``        ``..._config_reloads_total``
 ``adaptive_lb.config.info``              gauge = 1, ``hash``        ``adaptive_lb_config_info``
 ``adaptive_lb.trace.spans.exported``     counter (process-wide)     ``..._spans_exported_total``
@@ -38,6 +39,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from adaptive_lb.exporters.otlp import span_export_totals
 from adaptive_lb.health_state import HealthState
+from adaptive_lb.snapshot import take_snapshot
 
 __all__ = ["register_otel_metrics"]
 
@@ -67,7 +69,9 @@ def register_otel_metrics(
 
     def snapshots() -> Iterator[tuple[str, Any, Any]]:
         for name, p in named:
-            yield name, p, p.snapshot()
+            snapshot = take_snapshot(p)
+            if snapshot is not None:
+                yield name, p, snapshot
 
     def per_host(value_of: Callable[[Any], Any]) -> Callback:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
@@ -155,7 +159,8 @@ def register_otel_metrics(
             [per_policy(lambda s: s.replica_cache_invalidations)],
         ),
         gauge("adaptive_lb.replica_cache.size", [per_policy(lambda s: s.replica_cache_size)]),
-        counter("adaptive_lb.plan_fallbacks", [per_policy(lambda s: s.internal_errors)]),
+        counter("adaptive_lb.plan_fallbacks", [per_policy(lambda s: s.plan_fallbacks)]),
+        counter("adaptive_lb.internal_errors", [by_key("internal_errors_by_stage", "stage")]),
         counter("adaptive_lb.config.reloads", [by_key("config_reloads", "result")]),
         gauge("adaptive_lb.config.info", [config_info]),
         counter("adaptive_lb.trace.spans.exported", [spans_exported], unit="{span}"),

@@ -21,7 +21,9 @@ Families (``_total`` is added by the exposition format to counters):
 - ``adaptive_lb_decisions_total{position=...}``, ``adaptive_lb_replica_cache_hits_total`` /
   ``_misses_total`` / ``_evictions_total`` / ``_invalidations_total``,
   ``adaptive_lb_replica_cache_size`` (gauge), ``adaptive_lb_plan_fallbacks_total`` (internal
-  errors answered with the child's plan), ``adaptive_lb_config_reloads_total{result=...}``,
+  errors answered with the child's plan), ``adaptive_lb_internal_errors_total{stage=...}``
+  (every internal error, see :data:`adaptive_lb.errors.ERROR_STAGES`),
+  ``adaptive_lb_config_reloads_total{result=...}``,
   ``adaptive_lb_config_info{hash=...}``;
 - process-wide, once :func:`~adaptive_lb.exporters.setup_tracing` made a span processor:
   ``adaptive_lb_trace_spans_exported_total`` and
@@ -45,6 +47,7 @@ from prometheus_client.registry import Collector
 
 from adaptive_lb.exporters.otlp import span_export_totals
 from adaptive_lb.health_state import HealthState
+from adaptive_lb.snapshot import take_snapshot
 
 __all__ = ["AdaptiveLbCollector", "start_prometheus_server"]
 
@@ -131,7 +134,7 @@ _POLICY_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
         CounterMetricFamily,
         "adaptive_lb_plan_fallbacks",
         "Plans answered with the child's plan after an internal error.",
-        "internal_errors",
+        "plan_fallbacks",
     ),
 )
 
@@ -190,15 +193,18 @@ class AdaptiveLbCollector(Collector):
             "Plans made, by the origin of their first host.",
             labels=["policy", "position"],
         )
+        errors = CounterMetricFamily(
+            "adaptive_lb_internal_errors",
+            "Exceptions caught inside adaptive-lb, by stage (none reaches the driver).",
+            labels=["policy", "stage"],
+        )
         reloads = CounterMetricFamily(
             "adaptive_lb_config_reloads", "Config reloads by result.", labels=["policy", "result"]
         )
         info = InfoMetricFamily("adaptive_lb_config", "The config in force.", labels=["policy"])
         for name, policy in zip(self.names, self.policies, strict=True):
-            try:
-                snapshot = policy.snapshot()
-            except Exception:  # one broken policy must not hide the others
-                log.warning("adaptive-lb: snapshot of policy %r failed", name, exc_info=True)
+            snapshot = take_snapshot(policy)
+            if snapshot is None:  # counted by the policy; must not hide the others
                 continue
             for host in snapshot.hosts:
                 labels = [name, host.address, host.datacenter or "", host.rack or ""]
@@ -220,13 +226,15 @@ class AdaptiveLbCollector(Collector):
                 family.add_metric([name], getattr(snapshot, attribute))
             for position, count in getattr(policy, "decisions_by_position", {}).items():
                 decisions.add_metric([name, position], count)
+            for stage, count in getattr(policy, "internal_errors_by_stage", {}).items():
+                errors.add_metric([name, stage], count)
             for result, count in getattr(policy, "config_reloads", {}).items():
                 reloads.add_metric([name, result], count)
             info.add_metric([name], {"hash": snapshot.config_hash})
         yield from (family for family, _ in host_families)
         yield from (latency, health, decisions)
         yield from (family for family, _ in policy_families)
-        yield from (reloads, info)
+        yield from (errors, reloads, info)
         yield from _span_families()
 
 
