@@ -305,11 +305,16 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
 
     def on_up(self, host: Any) -> None:
         """Tell the child, then mark the host live in the snapshot; a host coming back
-        starts WARMING (its penalty decays to 1 over ``health.slow_start``)."""
-        self._child.on_up(host)
+        starts WARMING (its penalty decays to 1 over ``health.slow_start``).
+
+        A host this policy does not know (never added, or already removed) is ignored and
+        not passed to the child: a late up event must not bring a removed host back (the
+        stock DCAwareRoundRobinPolicy would add it to its plans again). Counted in
+        :attr:`unknown_host_events`."""
         if id(host) not in self._hosts:
             next(self._unknown_host_events)
             return
+        self._child.on_up(host)
         was_live = id(host) in self._live
         down_since = self._down_since.pop(id(host), None)
         if not self._host_changed(host, live=True, known_only=True) or was_live:

@@ -27,7 +27,7 @@ Families (``_total`` is added by the exposition format to counters):
   ``adaptive_lb_config_info{hash=...}``;
 - process-wide, once :func:`~adaptive_lb.exporters.setup_tracing` made a span processor:
   ``adaptive_lb_trace_spans_exported_total`` and
-  ``adaptive_lb_trace_spans_dropped_total{reason="queue_full"|"export_failed"|"shutdown"}``.
+  ``adaptive_lb_trace_spans_dropped_total{reason="queue_full"|"export_failed"|"backoff"|"shutdown"}``.
 """
 
 from __future__ import annotations
@@ -203,6 +203,9 @@ class AdaptiveLbCollector(Collector):
         )
         info = InfoMetricFamily("adaptive_lb_config", "The config in force.", labels=["policy"])
         for name, policy in zip(self.names, self.policies, strict=True):
+            # Read before the snapshot: a policy whose snapshot fails still shows that.
+            for stage, count in getattr(policy, "internal_errors_by_stage", {}).items():
+                errors.add_metric([name, stage], count)
             snapshot = take_snapshot(policy)
             if snapshot is None:  # counted by the policy; must not hide the others
                 continue
@@ -226,8 +229,6 @@ class AdaptiveLbCollector(Collector):
                 family.add_metric([name], getattr(snapshot, attribute))
             for position, count in getattr(policy, "decisions_by_position", {}).items():
                 decisions.add_metric([name, position], count)
-            for stage, count in getattr(policy, "internal_errors_by_stage", {}).items():
-                errors.add_metric([name, stage], count)
             for result, count in getattr(policy, "config_reloads", {}).items():
                 reloads.add_metric([name, result], count)
             info.add_metric([name], {"hash": snapshot.config_hash})
@@ -254,6 +255,7 @@ def _span_families() -> Iterator[Metric]:
     )
     dropped.add_metric(["queue_full"], totals.queue_full)
     dropped.add_metric(["export_failed"], totals.export_failed)
+    dropped.add_metric(["backoff"], totals.backoff)
     dropped.add_metric(["shutdown"], totals.shutdown)
     yield exported
     yield dropped
