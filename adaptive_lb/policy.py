@@ -704,11 +704,14 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         yielded: set[int] | None = None
         rest: Iterator[Any] | None = None
         keyspace = working_keyspace
+        in_child = False  # an exception raised by the child is the child's, not ours
         try:
             if query is not None:
                 keyspace = query.keyspace or working_keyspace
                 if chain.target_host_aware and getattr(query, "target_host", None):
+                    in_child = True
                     rest = iter(self._child.make_query_plan(working_keyspace, query))
+                    in_child = False
                     local: tuple[HostView, ...] = ()
                 else:
                     local = topology.local
@@ -720,7 +723,9 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                 if not chain.membership_known:
                     # A policy we cannot predict: materialise its plan once and choose
                     # candidates only among the hosts it actually yields.
+                    in_child = True
                     plan = list(self._rest_plan(keyspace, query))
+                    in_child = False
                     rest = iter(plan)
                     allowed = {id(host) for host in plan}
 
@@ -732,7 +737,11 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                             keyspace, routing_key, query, topology
                         )
                         if replicas and (chain.predicates or allowed is not None):
-                            replicas = self._eligible(replicas, allowed)
+                            # A TokenAwarePolicy yields every live local replica, whatever
+                            # its own child's plan holds: only host filters still apply.
+                            replicas = self._eligible(
+                                replicas, allowed if chain.token_aware is None else None
+                            )
                         if info is not None:
                             info["cache_hit"] = cache_hit
                 if info is not None:
@@ -819,8 +828,11 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                     for view in ordered:
                         yield view.host
             if rest is None:
+                in_child = True
                 rest = iter(self._rest_plan(keyspace, query))
         except Exception:
+            if in_child:
+                raise  # as the child alone would have: not ours to count or retry
             self._internal_error()
             if info is not None:
                 info["fallback"] = True
