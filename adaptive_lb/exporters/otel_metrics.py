@@ -126,7 +126,7 @@ def register_otel_metrics(
     def spans_dropped(options: CallbackOptions) -> Iterable[Observation]:
         totals = span_export_totals()
         if totals is not None:
-            for reason in ("queue_full", "export_failed", "shutdown"):
+            for reason in ("queue_full", "export_failed", "backoff", "shutdown"):
                 yield Observation(getattr(totals, reason), {"reason": reason})
 
     gauge = meter.create_observable_gauge

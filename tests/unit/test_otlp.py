@@ -1,19 +1,24 @@
-"""Decision spans over real OTLP/HTTP to a receiver on 127.0.0.1, and never waiting on it."""
+"""Decision spans over real OTLP/HTTP to a receiver on 127.0.0.1, never waiting on it, and
+backing off when it fails (BackoffSpanExporter, with a fake exporter and a manual clock)."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import SimpleStatement
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import OtlpConfig, TracingConfig
-from adaptive_lb.exporters import setup_tracing
+from adaptive_lb.exporters import setup_tracing, span_export_totals
+from adaptive_lb.exporters.otlp import BackoffSpanExporter, ExportCounts
 from adaptive_lb.sim.cluster import build_cluster, murmur3_routing_keys
 
 
@@ -293,3 +298,296 @@ def test_rejected_exports_are_counted_process_wide():
         pass
     assert processor.shutdown_drops == 1
     assert span_export_totals().shutdown - after.shutdown == 1
+
+
+# ------------------------------------------------------------------ BackoffSpanExporter
+
+
+class FakeExporter(SpanExporter):
+    """Answers each export with the next of ``results`` (an exception is raised), then
+    SUCCESS; records calls, flushes and shutdowns."""
+
+    def __init__(self, *results):
+        self.results = list(results)
+        self.calls = 0
+        self.flushes: list[int] = []
+        self.shutdowns = 0
+
+    def export(self, spans):
+        self.calls += 1
+        result = self.results.pop(0) if self.results else SpanExportResult.SUCCESS
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def force_flush(self, timeout_millis=30_000):
+        self.flushes.append(timeout_millis)
+        return True
+
+    def shutdown(self):
+        self.shutdowns += 1
+
+
+FAIL = SpanExportResult.FAILURE
+OK = SpanExportResult.SUCCESS
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def backoff_exporter(inner, clock, rng=lambda: 0.0, **kwargs) -> BackoffSpanExporter:
+    return BackoffSpanExporter(
+        inner, endpoint="http://collector:4318", clock=clock, rng=rng, **kwargs
+    )
+
+
+SPANS = [object()] * 3  # the wrapper only counts them; the fake never reads them
+SECRET = "Bearer t0p-s3cret"
+
+
+def test_backoff_doubles_up_to_the_cap_and_drops_without_calling_the_exporter():
+    clock = Clock()
+    inner = FakeExporter(*[FAIL] * 10)
+    exporter = backoff_exporter(inner, clock)
+    before = span_export_totals()
+    delays = []
+    for _ in range(9):
+        assert exporter.export(SPANS) is FAIL  # reaches the exporter, fails
+        delays.append(exporter.retry_in)
+        calls = inner.calls
+        # Just before the delay ends: dropped, the exporter is not called.
+        clock.now += exporter.retry_in - 0.001
+        assert exporter.backing_off
+        assert exporter.export(SPANS) is FAIL
+        assert exporter.export_counted(SPANS) == ExportCounts(backoff=3)
+        assert inner.calls == calls
+        clock.now += 0.001
+        assert not exporter.backing_off
+    assert delays == pytest.approx([1, 2, 4, 8, 16, 32, 60, 60, 60])
+    assert exporter.consecutive_failures == 9
+    assert exporter.export_calls == inner.calls == 9
+    assert exporter.failed_spans == 27
+    assert exporter.backoff_drops == 9 * 2 * 3
+    after = span_export_totals()
+    assert after.backoff - before.backoff == 54
+    assert after.export_failed - before.export_failed == 27
+    assert after.dropped - before.dropped == 81
+    assert exporter.delay(10_000) == 60  # no overflow far past the cap
+
+
+def test_jitter_shortens_the_delay_by_at_most_the_jitter_fraction():
+    clock = Clock()
+    draws = iter([1.0, 0.5])
+    exporter = backoff_exporter(FakeExporter(FAIL, FAIL), clock, rng=lambda: next(draws))
+    exporter.export(SPANS)
+    assert exporter.retry_in == pytest.approx(0.8)  # 1 s x (1 - 0.2 x 1.0)
+    clock.now += 0.8
+    exporter.export(SPANS)
+    assert exporter.retry_in == pytest.approx(1.8)  # 2 s x (1 - 0.2 x 0.5)
+    with pytest.raises(ValueError):
+        BackoffSpanExporter(FakeExporter(), jitter=1.0)
+    with pytest.raises(ValueError):
+        BackoffSpanExporter(FakeExporter(), initial_delay=5, max_delay=1)
+
+
+def test_one_success_resets_the_backoff():
+    clock = Clock()
+    inner = FakeExporter(FAIL, FAIL, FAIL, OK, FAIL)
+    exporter = backoff_exporter(inner, clock)
+    for _ in range(3):
+        exporter.export(SPANS)
+        clock.now += exporter.retry_in
+    assert exporter.consecutive_failures == 3
+    assert exporter.export(SPANS) is OK
+    assert exporter.consecutive_failures == 0 and not exporter.backing_off
+    assert exporter.exported_spans == 3
+    assert exporter.export(SPANS) is FAIL  # a new streak starts from the initial delay
+    assert exporter.retry_in == pytest.approx(1.0)
+
+
+def test_exceptions_from_the_exporter_are_failures_never_raised():
+    clock = Clock()
+    inner = FakeExporter(RuntimeError("boom"), ConnectionError("refused"))
+    exporter = backoff_exporter(inner, clock)
+    before = span_export_totals()
+    assert exporter.export(SPANS) is FAIL
+    assert exporter.consecutive_failures == 1 and exporter.failed_spans == 3
+    assert exporter.export(SPANS) is FAIL  # backing off: not even called
+    assert inner.calls == 1
+    clock.now += exporter.retry_in
+    assert exporter.export_counted(SPANS) == ExportCounts(export_failed=3)
+    assert exporter.retry_in == pytest.approx(2.0)
+    assert span_export_totals().export_failed - before.export_failed == 6
+
+
+def test_a_retry_probes_with_a_few_spans_then_sends_the_rest():
+    """After a failure, the first batch let through is tried with its first probe_size
+    spans only (encoding is the expensive part); the rest follows if they got through,
+    and is dropped unsent (backoff) if not."""
+
+    class Recording(FakeExporter):
+        def __init__(self, *results):
+            super().__init__(*results)
+            self.sizes: list[int] = []
+
+        def export(self, spans):
+            self.sizes.append(len(spans))
+            return super().export(spans)
+
+    clock = Clock()
+    inner = Recording(FAIL, FAIL, OK, OK)
+    exporter = backoff_exporter(inner, clock, probe_size=16)
+    batch = [object()] * 40
+    before = span_export_totals()
+    assert exporter.export_counted(batch) == ExportCounts(export_failed=40)  # healthy: all
+    clock.now += exporter.retry_in
+    assert exporter.export_counted(batch) == ExportCounts(export_failed=16, backoff=24)
+    assert exporter.export(batch) is FAIL  # backing off: nothing sent
+    clock.now += exporter.retry_in
+    assert exporter.export(batch) is OK  # the probe, then the rest
+    assert exporter.export_counted(batch) == ExportCounts(exported=40)  # healthy again
+    assert inner.sizes == [40, 16, 16, 24, 40]
+    assert exporter.export_calls == 5
+    assert (exporter.exported_spans, exporter.failed_spans, exporter.backoff_drops) == (80, 56, 64)
+    after = span_export_totals()
+    assert after.backoff - before.backoff == 64
+    assert after.export_failed - before.export_failed == 56
+    assert after.exported - before.exported == 80
+    whole = backoff_exporter(Recording(FAIL, FAIL), clock, probe_size=0)
+    whole.export(batch)
+    clock.now += whole.retry_in
+    whole.export(batch)
+    assert whole.exporter.sizes == [40, 40]
+
+
+def test_shutdown_and_force_flush_are_delegated():
+    inner = FakeExporter()
+    exporter = backoff_exporter(inner, Clock())
+    assert exporter.force_flush(1234) is True
+    assert inner.flushes == [1234]
+    exporter.shutdown()
+    exporter.shutdown()
+    assert inner.shutdowns == 1
+    before = span_export_totals()
+    assert exporter.export(SPANS) is FAIL
+    assert inner.calls == 0
+    assert exporter.shutdown_drops == 3
+    assert span_export_totals().shutdown - before.shutdown == 3
+
+
+def test_concurrent_calls_are_dropped_while_a_retry_is_in_flight():
+    """After the delay, one call probes the receiver; the others do not pile onto it."""
+    entered, release = threading.Event(), threading.Event()
+
+    class Blocking(FakeExporter):
+        def export(self, spans):
+            if self.calls == 1:
+                entered.set()
+                release.wait(5)
+            return super().export(spans)
+
+    clock = Clock()
+    inner = Blocking(FAIL, OK)
+    exporter = backoff_exporter(inner, clock)
+    exporter.export(SPANS)
+    clock.now += exporter.retry_in
+    probe = threading.Thread(target=exporter.export, args=(SPANS,))
+    probe.start()
+    assert entered.wait(5)
+    assert exporter.export_counted(SPANS) == ExportCounts(backoff=3)
+    assert exporter.retry_in == float("inf")
+    release.set()
+    probe.join(5)
+    assert inner.calls == 2 and exporter.exported_spans == 3
+    assert exporter.export_counted(SPANS) == ExportCounts(exported=3)
+
+
+def test_failures_are_logged_once_then_once_a_minute_and_recovery_too(caplog):
+    clock = Clock()
+    inner = FakeExporter(*[RuntimeError(f"rejected {SECRET}")] * 20)
+    exporter = BackoffSpanExporter(
+        inner,
+        endpoint="https://user:pw@collector.example:4318/v1/traces?token=abc",
+        secrets=[SECRET],
+        clock=clock,
+        rng=lambda: 0.0,
+    )
+    caplog.set_level(logging.WARNING, logger="adaptive_lb.exporters")
+
+    def warnings():
+        return [r.getMessage() for r in caplog.records if r.name == "adaptive_lb.exporters"]
+
+    exporter.export(SPANS)
+    (first,) = warnings()
+    assert "https://collector.example:4318/v1/traces" in first
+    assert 'reason="backoff"' in first
+    for _ in range(5):  # 1 + 2 + 4 + 8 + 16 s: within the minute, nothing more
+        clock.now += exporter.retry_in
+        exporter.export(SPANS)
+        exporter.export(SPANS)  # dropped while backing off
+    assert len(warnings()) == 1
+    clock.now += exporter.retry_in  # 31 s later, 63 s after the first line
+    exporter.export(SPANS)
+    assert len(warnings()) == 2
+    assert "still failing" in warnings()[1] and "6 failed attempt(s)" in warnings()[1]
+    inner.results = []
+    clock.now += exporter.retry_in
+    exporter.export(SPANS)
+    assert len(warnings()) == 3
+    assert "recovered after 7 failed attempt(s)" in warnings()[2]
+    assert "36 span(s) dropped" in warnings()[2]  # 7 failed batches + 5 dropped, 3 spans each
+    for message in warnings():
+        assert SECRET not in message and "pw" not in message and "abc" not in message
+
+
+def test_setup_tracing_always_backs_off_and_counts_per_processor():
+    """The wrapper is applied whatever exporter setup_tracing gets, and the processor
+    counts what it dropped while backing off, as do the Prometheus and OTel families."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from prometheus_client import CollectorRegistry
+
+    from adaptive_lb.exporters import AdaptiveLbCollector, register_otel_metrics
+
+    inner = FakeExporter(FAIL)
+    provider = setup_tracing(TracingConfig(), exporter=inner)
+    exporter = provider.adaptive_lb_exporter
+    assert isinstance(exporter, BackoffSpanExporter) and exporter.exporter is inner
+    assert provider.adaptive_lb_processor.exporter is exporter
+    assert setup_tracing(TracingConfig(), exporter=exporter).adaptive_lb_exporter is exporter
+    processor = provider.adaptive_lb_processor
+    tracer = provider.get_tracer("app")
+    for _ in range(2):  # one batch fails, the next is dropped while backing off
+        with tracer.start_as_current_span("request"):
+            pass
+        assert provider.force_flush(5_000)
+    assert inner.calls == 1
+    assert processor.failed_spans == 1 and processor.backoff_drops == 1
+    assert processor.dropped_spans == 2
+    policy = policy_for(provider)
+    registry = CollectorRegistry()
+    registry.register(AdaptiveLbCollector(policy))
+    totals = span_export_totals()
+    assert totals.backoff >= 1
+    assert (
+        registry.get_sample_value("adaptive_lb_trace_spans_dropped_total", {"reason": "backoff"})
+        == totals.backoff
+    )
+    reader = InMemoryMetricReader()
+    register_otel_metrics(policy, MeterProvider(metric_readers=[reader]))
+    points = {
+        point.attributes["reason"]: point.value
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == "adaptive_lb.trace.spans.dropped"
+        for point in metric.data.data_points
+    }
+    assert points["backoff"] == totals.backoff
+    provider.shutdown()
+    assert inner.shutdowns == 1
