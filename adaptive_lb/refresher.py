@@ -1,19 +1,117 @@
-"""The background thread that refreshes a policy's health (so health stays current when
-no request arrives to notice the refresh deadline)."""
+"""Health refresh: the health model and rack proximity applied to a policy's hosts, now and
+then, off the request path -- by a background thread in production, by the simulator's
+virtual clock in simulation.
+
+Each refresh computes every known host's window once (percentiles are computed here, never
+per request), lets :class:`~adaptive_lb.health.HealthModel` judge each host against the
+other hosts of its datacenter, and re-weighs the remote racks of the local datacenter by
+their measured distance (:mod:`adaptive_lb.proximity`), publishing each host's penalties on
+its :class:`~adaptive_lb.stats.HostStats` for the hot path to read.
+"""
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable, Hashable
 from typing import Any
 
-__all__ = ["HealthRefresher"]
+from adaptive_lb.health import HealthModel, HealthTransition
+from adaptive_lb.proximity import rack_proximity
+from adaptive_lb.stats import HostStats
+from adaptive_lb.topology import TopologyBook
+
+__all__ = ["HealthRefresh", "HealthRefresher"]
+
+
+class HealthRefresh:
+    """Refreshes the health of the hosts in ``book`` with ``health``.
+
+    ``proximity_cap()`` reads ``policy.rack_proximity_cap`` from the config in force.
+    """
+
+    def __init__(
+        self, health: HealthModel, book: TopologyBook, proximity_cap: Callable[[], float]
+    ) -> None:
+        self.health = health
+        self._book = book
+        self._proximity_cap = proximity_cap
+        self.rack_proximity: dict[Any, float] = {}
+        """Proximity factor of each remote rack, from the last refresh."""
+        self._thread: HealthRefresher | None = None
+        self._thread_lock = threading.Lock()
+
+    def refresh(self) -> list[HealthTransition]:
+        """Refresh now (waits for a refresh in progress); the health transitions."""
+        stats, groups = self.inputs()
+        transitions = self.health.refresh(stats, groups, self._book.knows)
+        self._refresh_rack_proximity()
+        return transitions
+
+    def maybe_refresh(self) -> list[HealthTransition] | None:
+        """:meth:`refresh` if ``health.refresh_interval`` has passed since the last one and
+        no other thread is refreshing; None otherwise."""
+        stats, groups = self.inputs()
+        transitions = self.health.maybe_refresh(stats, groups, self._book.knows)
+        if transitions is not None:
+            self._refresh_rack_proximity()
+        return transitions
+
+    def inputs(self) -> tuple[dict[Hashable, HostStats], dict[Hashable, Any]]:
+        """Every known host's statistics, and its peer group: its datacenter."""
+        views = self._book.topology.by_id.values()
+        return (
+            {view.host: view.stats for view in views},  # type: ignore[misc]
+            {view.host: view.datacenter for view in views},
+        )
+
+    def rack_factor(self, rack_penalty: float, rack: Any) -> float:
+        """The live rack factor of a host: its static rack penalty, times its rack's
+        proximity when that is a remote rack."""
+        if rack_penalty <= 1.0:
+            return rack_penalty
+        return rack_penalty * self.rack_proximity.get(rack, 1.0)
+
+    def _refresh_rack_proximity(self) -> None:
+        """Re-weigh the remote racks of the local datacenter from the windows the health
+        refresh just computed, and publish each remote host's ``rack_penalty``."""
+        min_samples = self.health.config.min_samples
+        remote = [
+            v for v in self._book.topology.by_id.values() if v.is_local and v.rack_penalty > 1.0
+        ]
+        latencies: dict[Any, list[float]] = {}
+        for view in remote:
+            window = self.health.window_stats(view.host)
+            if window is None or window.samples < min_samples:
+                continue
+            latency = window.latency.get(50.0)
+            if latency is not None:
+                latencies.setdefault(view.rack, []).append(latency)
+        self.rack_proximity = rack_proximity(latencies, self.rack_proximity, self._proximity_cap())
+        for view in remote:
+            view.stats.rack_penalty = self.rack_factor(view.rack_penalty, view.rack)
+
+    def start(self, policy: Any) -> None:
+        """Refresh ``policy``'s health every ``health.refresh_interval`` on a daemon
+        thread (real clock). Idempotent."""
+        with self._thread_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = HealthRefresher(policy)
+                self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread (if running) and wait for it."""
+        with self._thread_lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.stop()
 
 
 class HealthRefresher(threading.Thread):
     """Daemon thread calling ``policy.maybe_refresh_health()`` every
     ``policy.config.health.refresh_interval`` (read each time: a reload applies) until
-    :meth:`stop`, or until the policy is garbage-collected."""
+    :meth:`stop`, or until the policy is garbage-collected. A refresh that raises is
+    reported through ``policy.record_error`` (counted, logged at most once a minute)."""
 
     def __init__(self, policy: Any) -> None:
         super().__init__(name="adaptive-lb-health", daemon=True)

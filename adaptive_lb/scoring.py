@@ -32,7 +32,9 @@ __all__ = [
     "TIE_JITTER",
     "HostLoad",
     "HostView",
+    "best_replica",
     "order_lwt",
+    "penalty_of",
     "rank",
     "score_of",
 ]
@@ -79,11 +81,42 @@ class HostView:
         object.__setattr__(self, "candidate", self.live and self.is_local)
 
 
+# The score formula lives in this module only. score_of() is its reference form (used by
+# decision records and tests); best_replica() and rank() inline the same expression, since a
+# call per candidate would cost ~0.1 us on the hot path. tests/unit/test_scoring.py checks
+# that their orders are score_of's.
+
+
+def penalty_of(view: HostView, is_replica: bool, non_replica_penalty: float) -> float:
+    """The multiplier of ``in_flight + 1`` in ``view``'s score: rack x health penalties,
+    x ``non_replica_penalty`` unless ``is_replica``."""
+    stats = view.stats
+    penalty = stats.rack_penalty * stats.health_penalty
+    return penalty if is_replica else penalty * non_replica_penalty
+
+
 def score_of(view: HostView, is_replica: bool, non_replica_penalty: float) -> float:
     """The WLLLB score of ``view`` (without tie-break jitter)."""
-    stats = view.stats
-    score = (stats.in_flight + 1) * stats.rack_penalty * stats.health_penalty
-    return score if is_replica else score * non_replica_penalty
+    return (view.stats.in_flight + 1) * penalty_of(view, is_replica, non_replica_penalty)
+
+
+def best_replica(replicas: Sequence[HostView]) -> tuple[HostView, float]:
+    """The lowest-scored of ``replicas`` (not empty) and its score, exact ties broken
+    uniformly at random (a jitter of :data:`TIE_JITTER`, one ``random()`` per replica)."""
+    best = replicas[0]
+    best_score = _INFINITY
+    for view in replicas:
+        stats = view.stats
+        score = (
+            (stats.in_flight + 1)
+            * stats.rack_penalty
+            * stats.health_penalty
+            * (1.0 + TIE_JITTER * random())
+        )
+        if score < best_score:
+            best_score = score
+            best = view
+    return best, best_score
 
 
 def rank(
@@ -154,6 +187,7 @@ def order_lwt(replicas: Sequence[HostView]) -> list[HostView]:
     return sorted(replicas, key=_health_penalty)
 
 
+_INFINITY = float("inf")
 _first = itemgetter(0)
 """Sort key of a (score, view) pair: C-level, where a Python function costs a call per
 candidate."""

@@ -72,6 +72,60 @@ class PolicySnapshot:
         total = self.replica_cache_hits + self.replica_cache_misses
         return self.replica_cache_hits / total if total else 0.0
 
+    @classmethod
+    def of(cls, policy: Any) -> PolicySnapshot:
+        """``policy``'s numbers now: in-flight as of now, window counts, percentiles and
+        health as of the last health refresh, cache and error counters. Reads only the
+        policy's public attributes; computes no percentile."""
+        health = policy.health
+        hosts = []
+        for view in policy.topology.by_id.values():
+            host = view.host
+            stats = view.stats
+            window = health.window_stats(host)
+            verdict = health.health(host)
+            latency = window.latency if window is not None else {}
+            hosts.append(
+                HostSnapshot(
+                    address=str(host.address),
+                    port=getattr(host.endpoint, "port", None),
+                    datacenter=view.datacenter,
+                    rack=view.rack,
+                    is_local=view.is_local,
+                    live=view.live,
+                    in_flight=stats.in_flight,
+                    requests=window.requests if window is not None else 0,
+                    errors=window.errors if window is not None else 0,
+                    timeouts=window.timeouts if window is not None else 0,
+                    latency_p50=latency.get(50.0),
+                    latency_p95=latency.get(95.0),
+                    latency_p99=latency.get(99.0),
+                    health_state=stats.health_state.value,
+                    health_penalty=stats.health_penalty,
+                    rack_penalty=stats.rack_penalty,
+                    health_since_ns=verdict.since_ns if verdict is not None else 0,
+                    health_reason=verdict.reason if verdict is not None else "",
+                    requests_total=stats.requests_total,
+                    errors_total=stats.errors_total,
+                    timeouts_total=stats.timeouts_total,
+                )
+            )
+        hosts.sort(key=lambda h: (h.datacenter or "", h.rack or "", h.address))
+        cache = policy.replica_cache
+        errors = policy.internal_errors_by_stage
+        return cls(
+            taken_ns=policy.clock.now_ns(),
+            config_hash=policy.config_hash,
+            hosts=tuple(hosts),
+            replica_cache_size=len(cache) if cache is not None else 0,
+            replica_cache_hits=cache.hits if cache is not None else 0,
+            replica_cache_misses=cache.misses if cache is not None else 0,
+            replica_cache_evictions=cache.evictions if cache is not None else 0,
+            replica_cache_invalidations=cache.invalidations if cache is not None else 0,
+            internal_errors=sum(errors.values()),
+            plan_fallbacks=errors["plan"],
+        )
+
     def host(self, address: str) -> HostSnapshot | None:
         """The host with ``address``, if known."""
         for host in self.hosts:

@@ -3,20 +3,22 @@
 A :class:`Topology` is immutable. It is rebuilt (or copied with one host changed) only on
 topology events -- populate, on_up, on_down, on_add, on_remove -- and published by swapping
 one reference, so :meth:`make_query_plan` reads it without a lock and a plan in progress
-keeps the snapshot it started with.
+keeps the snapshot it started with. :class:`TopologyBook` keeps the hosts a policy knows and
+publishes the snapshots.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from attrs import define, field
 
 from adaptive_lb.scoring import HostView
 
-__all__ = ["Topology"]
+__all__ = ["Topology", "TopologyBook"]
 
 
 @define(frozen=True, slots=True)
@@ -103,3 +105,82 @@ class Topology:
     def view_of(self, host: Any) -> HostView | None:
         """The view of ``host`` (the same object the driver passes around), if known."""
         return self.by_id.get(id(host))
+
+
+class TopologyBook:
+    """The hosts a policy knows (populate / on_add, until on_remove) and which of them are
+    live, published as :class:`Topology` snapshots in :attr:`topology`.
+
+    ``make_view(host, live)`` builds a host's view (distance, rack, statistics: the
+    policy's knowledge); ``local_dc()`` names the child's local datacenter, which a
+    ``DCAwareRoundRobinPolicy`` may infer from the first host it sees -- when it changes,
+    every distance may have, and the snapshot is rebuilt. Writers serialise on :attr:`lock`
+    (reentrant: callers may hold it across several calls); readers take :attr:`topology`
+    without a lock.
+    """
+
+    def __init__(
+        self, make_view: Callable[[Any, bool], HostView], local_dc: Callable[[], Any]
+    ) -> None:
+        self.lock = threading.RLock()
+        self.topology = Topology()
+        """The snapshot in force (read lock-free)."""
+        self._make_view = make_view
+        self._local_dc = local_dc
+        self._local_dc_seen: Any = None
+        self._generation = 0
+        self._hosts: dict[int, Any] = {}
+        self._live: set[int] = set()
+
+    def knows(self, host: Any) -> bool:
+        """``host`` was added and not removed since."""
+        return id(host) in self._hosts
+
+    def is_live(self, host: Any) -> bool:
+        """``host`` is known and was last reported up."""
+        return id(host) in self._live
+
+    def reset(self, hosts: Iterable[Any]) -> list[Any]:
+        """Know exactly ``hosts``, all live (populate); returns the hosts forgotten."""
+        with self.lock:
+            previous = self._hosts
+            self._hosts = {id(host): host for host in hosts}
+            self._live = set(self._hosts)
+            self.rebuild()
+            return [host for key, host in previous.items() if key not in self._hosts]
+
+    def rebuild(self) -> None:
+        """Rebuild the snapshot from scratch (every view made anew)."""
+        with self.lock:
+            self._local_dc_seen = self._local_dc()
+            self._generation += 1
+            live = self._live
+            views = [self._make_view(host, key in live) for key, host in self._hosts.items()]
+            self.topology = Topology.build(views, self._generation)
+
+    def set_live(self, host: Any, live: bool, known_only: bool = False) -> bool:
+        """Record ``host`` as live or not (adding it if unknown, unless ``known_only``) and
+        publish the change; True if published."""
+        with self.lock:
+            key = id(host)
+            if known_only and key not in self._hosts:
+                return False
+            self._hosts[key] = host
+            if live:
+                self._live.add(key)
+            else:
+                self._live.discard(key)
+            if self._local_dc() != self._local_dc_seen:
+                self.rebuild()
+                return True
+            self._generation += 1
+            self.topology = self.topology.with_view(self._make_view(host, live), self._generation)
+            return True
+
+    def remove(self, host: Any) -> None:
+        """Forget ``host`` and publish a snapshot without it."""
+        with self.lock:
+            self._hosts.pop(id(host), None)
+            self._live.discard(id(host))
+            self._generation += 1
+            self.topology = self.topology.without_host(host, self._generation)

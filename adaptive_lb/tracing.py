@@ -13,12 +13,14 @@ values (unless :class:`~adaptive_lb.config.PrivacyConfig` allows the routing key
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from attrs import define
 from opentelemetry import trace
 
 from adaptive_lb.config import PrivacyConfig, TracingConfig
+from adaptive_lb.scoring import penalty_of, score_of
 
 __all__ = [
     "EVENT_NAME",
@@ -26,6 +28,7 @@ __all__ = [
     "Candidate",
     "Decision",
     "DecisionTracer",
+    "build_decision",
     "current_recording_span",
 ]
 
@@ -92,6 +95,78 @@ class Decision:
     plan_length: int
     routing_key: bytes | None = None
     """Only set when ``privacy.routing_keys`` allows it."""
+
+
+def build_decision(
+    record: Any,
+    hosts: Sequence[Any],
+    working_keyspace: str | None,
+    query: Any,
+    *,
+    non_replica_penalty: float,
+    cache_hit_ratio: float,
+    config_hash: str,
+    routing_keys: bool,
+    pop_transition: Callable[[Any], Any | None],
+) -> tuple[Decision, list[tuple[str, dict[str, Any]]]]:
+    """The :class:`Decision` of a plan made with ``record`` (a
+    :class:`~adaptive_lb.planner.PlanRecord`) that yielded ``hosts``, and the events to add
+    beside it: one ``adaptive_lb.health_transition`` per candidate whose health changed
+    since it was last shown in a trace (``pop_transition(host)`` hands them over once).
+    ``routing_keys``: ``privacy.routing_keys`` allows recording the statement's key."""
+    replicas = record.replicas
+    replica_ids = {id(view.host) for view in replicas}
+    candidates = []
+    events = []
+    for view in record.candidates:
+        is_replica = id(view.host) in replica_ids
+        stats = view.stats
+        # Without a replica set, every candidate is scored as a replica would be.
+        scored_as_replica = is_replica or not replicas
+        candidates.append(
+            Candidate(
+                address=str(view.host.address),
+                port=getattr(view.host.endpoint, "port", None),
+                in_flight=stats.in_flight,
+                health_state=stats.health_state.value,
+                penalty=penalty_of(view, scored_as_replica, non_replica_penalty),
+                score=score_of(view, scored_as_replica, non_replica_penalty),
+                is_replica=is_replica,
+            )
+        )
+        transition = pop_transition(view.host)
+        if transition is not None:
+            events.append(
+                (
+                    "adaptive_lb.health_transition",
+                    {
+                        "server.address": str(view.host.address),
+                        "adaptive_lb.health.from": transition.old.state.value,
+                        "adaptive_lb.health.to": transition.new.state.value,
+                        "adaptive_lb.health.penalty": transition.new.penalty,
+                        "adaptive_lb.health.reason": transition.new.reason,
+                    },
+                )
+            )
+    chosen = hosts[0] if hosts else None
+    keyspace = record.keyspace if record.keyspace is not None else working_keyspace
+    routing_key = getattr(query, "routing_key", None) if query is not None else None
+    decision = Decision(
+        keyspace=keyspace,
+        lwt=record.lwt,
+        replica_count=len(replicas),
+        candidates=tuple(candidates),
+        chosen_address=str(chosen.address) if chosen is not None else None,
+        chosen_port=getattr(chosen.endpoint, "port", None) if chosen is not None else None,
+        position="fallback" if record.fallback else record.position,
+        cache_hit=record.cache_hit,
+        cache_hit_ratio=cache_hit_ratio,
+        fallback=record.fallback,
+        config_hash=config_hash,
+        plan_length=len(hosts),
+        routing_key=routing_key if routing_keys else None,
+    )
+    return decision, events
 
 
 class DecisionTracer:

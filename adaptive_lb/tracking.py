@@ -81,22 +81,15 @@ class _Attempts(dict):  # type: ignore[type-arg]
     def sent(self, host: Any) -> None:
         """An attempt is about to be written to ``host``."""
         policy = self.policy
-        key = id(host)
-        view = policy._topology.by_id.get(key)
-        if view is not None:
-            stats = view.stats
-        else:
-            # Not in the topology in force (removed since the plan was made): counted,
-            # and no statistics are created for a host the policy has forgotten.
-            stats = policy.stats.peek(host)
-            if stats is None:
-                next(policy._untracked_attempts)
-                return
+        stats = policy.attempt_stats(host)
+        if stats is None:
+            return  # a host the policy has forgotten: counted there, never tracked
         stats.on_send()
+        key = id(host)
         # The same host again while its attempt is outstanding (a retry racing a late
         # response): the older attempt is superseded.
         previous = self.pop(key, None)
-        self[key] = (stats, policy._now_ns())
+        self[key] = (stats, policy.now_ns())
         if previous is not None:
             previous[0].on_abandon()
 
@@ -112,7 +105,7 @@ class _Attempts(dict):  # type: ignore[type-arg]
         if taken is None:
             return  # already released (timed out, superseded), or not sent through _query
         stats, sent_ns = taken
-        latency_ns = self.policy._now_ns() - sent_ns
+        latency_ns = self.policy.now_ns() - sent_ns
         if type(response) is ResultMessage:
             stats.on_success(latency_ns)
         elif isinstance(response, (ReadTimeoutErrorMessage, WriteTimeoutErrorMessage)):
@@ -133,7 +126,7 @@ class _Attempts(dict):  # type: ignore[type-arg]
         if not self:
             return
         timed_out = isinstance(exception, OperationTimedOut)
-        now = self.policy._now_ns()
+        now = self.policy.now_ns()
         while True:
             try:
                 _, (stats, sent_ns) = self.popitem()

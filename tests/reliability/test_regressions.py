@@ -151,10 +151,10 @@ def test_attempt_on_host_removed_after_planning_is_counted_without_state(churn_p
 def test_health_refresh_racing_a_removal_keeps_no_verdict(churn_policy):
     model, policy = churn_policy
     host = model.hosts[0]
-    inputs = policy._health_inputs()  # taken just before the removal lands
+    inputs = policy._refresh.inputs()  # taken just before the removal lands
     policy.on_remove(host)
     policy.refresh_health()  # another thread's refresh ends first
-    policy._health_inputs = lambda: inputs
+    policy._refresh.inputs = lambda: inputs
     policy.refresh_health()
     assert policy.health.health(host) is None
     assert policy.health.window_stats(host) is None

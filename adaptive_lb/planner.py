@@ -1,0 +1,287 @@
+"""The plan algorithm: which hosts are tried first, and in which order.
+
+:meth:`Planner.plan` is the policy's hot path. For one statement:
+
+1. the live local replicas of its routing key (:mod:`adaptive_lb.replicas`, cached);
+2. candidates: those replicas, filled with random live local hosts up to ``sample_size``;
+3. ordered by score (:mod:`adaptive_lb.scoring`), ties broken at random; lightweight
+   transactions get the deterministic ring order instead;
+4. then the rest of the child's plan, without the hosts already yielded, each host once.
+
+When no replica could lose to a non-replica (the common case), the best replica is yielded
+before the other candidates are even scored. An exception inside the algorithm is counted
+and answered with the child's plan; an exception raised by the child itself reaches the
+caller, as it would without adaptive-lb.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from operator import attrgetter
+from typing import Any
+
+from attrs import define
+from cassandra import ConsistencyLevel
+from cassandra.policies import LoadBalancingPolicy
+
+from adaptive_lb._driver import ChildChain
+from adaptive_lb.config import Config
+from adaptive_lb.counting import counter_value
+from adaptive_lb.replicas import ReplicaResolver
+from adaptive_lb.scoring import HostView, best_replica, order_lwt, rank
+from adaptive_lb.topology import TopologyBook
+
+__all__ = ["DECISION_POSITIONS", "PlanRecord", "PlanSettings", "Planner"]
+
+DECISION_POSITIONS = ("replica", "non_replica", "local", "child", "fallback")
+"""Where a plan's first host came from: a replica, a non-replica that scored better than
+every replica, the least-loaded local host (no routing key or no replica), the child's plan
+(no local candidate, or a target host), or the child's plan after an internal error."""
+
+# A statement is treated as a lightweight transaction when scylla-driver's ``is_lwt()`` says
+# so (conditional prepared statements) or when it reads at SERIAL / LOCAL_SERIAL
+# (cassandra-driver reports no LWT flag).
+_SERIAL = frozenset((ConsistencyLevel.SERIAL, ConsistencyLevel.LOCAL_SERIAL))
+_HOST = attrgetter("host")
+
+
+@define(frozen=True, slots=True)
+class PlanSettings:
+    """The few config values the hot path reads, published as one reference."""
+
+    sample_size: int
+    non_replica_penalty: float
+    non_local_rack_penalty: float
+    token_aware: bool
+    lwt_deterministic: bool
+    local_rack: str | None
+
+    @classmethod
+    def of(cls, config: Config, chain: ChildChain) -> PlanSettings:
+        """The settings of ``config``; the local rack falls back to the child's own."""
+        p = config.policy
+        local_rack = p.local_rack
+        if local_rack is None:
+            local_rack = getattr(chain.base, "local_rack", None) or None
+        return cls(
+            sample_size=p.sample_size,
+            non_replica_penalty=p.non_replica_penalty,
+            non_local_rack_penalty=p.non_local_rack_penalty,
+            token_aware=p.token_aware,
+            lwt_deterministic=p.lwt_deterministic,
+            local_rack=local_rack,
+        )
+
+
+@define(slots=True)
+class PlanRecord:
+    """What a decision was made of, filled by :meth:`Planner.plan` for traced plans only
+    (a recorded plan scores every candidate: no first-host shortcut)."""
+
+    keyspace: str | None = None
+    replicas: Sequence[HostView] = ()
+    """The candidate replicas of the routing key (empty without one)."""
+    candidates: Sequence[HostView] = ()
+    """The candidates in the order they were yielded."""
+    cache_hit: bool | None = None
+    """Replica cache hit (None: not looked up, or a tablet lookup)."""
+    lwt: bool = False
+    position: str = "child"
+    """One of :data:`DECISION_POSITIONS`."""
+    fallback: bool = False
+    """An internal error made the rest of the plan the child's."""
+
+
+class Planner:
+    """Makes plans from the state the policy publishes: the topology snapshot (``book``),
+    the :class:`PlanSettings` (``settings``) and the replica resolver (``resolver``, set at
+    populate). Counts plans by :data:`DECISION_POSITIONS`; reports its own errors to
+    ``on_error``."""
+
+    def __init__(
+        self,
+        child: LoadBalancingPolicy,
+        chain: ChildChain,
+        book: TopologyBook,
+        settings: PlanSettings,
+        on_error: Callable[[], None],
+    ) -> None:
+        self.child = child
+        self.chain = chain
+        self.book = book
+        self.settings = settings
+        self.resolver: ReplicaResolver | None = None
+        self._on_error = on_error
+        # itertools.count: one C-level next() per plan, atomic, no Python lock.
+        self._decisions = {position: itertools.count() for position in DECISION_POSITIONS}
+
+    def decisions(self) -> dict[str, int]:
+        """Plans made so far, by :data:`DECISION_POSITIONS`."""
+        return {position: counter_value(c) for position, c in self._decisions.items()}
+
+    def plan(
+        self, working_keyspace: str | None, query: Any, record: PlanRecord | None = None
+    ) -> Iterator[Any]:
+        """Yield the plan's hosts (see the module docstring); fill ``record`` if given."""
+        topology = self.book.topology
+        settings = self.settings
+        chain = self.chain
+        decisions = self._decisions
+        yielded: set[int] | None = None
+        rest: Iterator[Any] | None = None
+        keyspace = working_keyspace
+        in_child = False  # an exception raised by the child is the child's, not ours
+        try:
+            if query is not None:
+                keyspace = query.keyspace or working_keyspace
+                if chain.target_host_aware and getattr(query, "target_host", None):
+                    in_child = True
+                    rest = iter(self.child.make_query_plan(working_keyspace, query))
+                    in_child = False
+                    local: tuple[HostView, ...] = ()
+                else:
+                    local = topology.local
+            else:
+                local = topology.local
+
+            if local and self.resolver is not None:
+                allowed: set[int] | None = None
+                if not chain.membership_known:
+                    # A policy we cannot predict: materialise its plan once and choose
+                    # candidates only among the hosts it actually yields.
+                    in_child = True
+                    plan = list(self._rest_plan(keyspace, query))
+                    in_child = False
+                    rest = iter(plan)
+                    allowed = {id(host) for host in plan}
+
+                replicas: Sequence[HostView] = ()
+                if settings.token_aware and keyspace is not None and query is not None:
+                    routing_key = query.routing_key
+                    if routing_key is not None:
+                        replicas, cache_hit = self.resolver.replicas(
+                            keyspace, routing_key, query, topology
+                        )
+                        if replicas and (chain.predicates or allowed is not None):
+                            # A TokenAwarePolicy yields every live local replica, whatever
+                            # its own child's plan holds: only host filters still apply.
+                            replicas = self._eligible(
+                                replicas, allowed if chain.token_aware is None else None
+                            )
+                        if record is not None:
+                            record.cache_hit = cache_hit
+                if record is not None:
+                    record.keyspace = keyspace
+                    record.replicas = replicas
+
+                lwt = False
+                if replicas and settings.lwt_deterministic:
+                    is_lwt = getattr(query, "is_lwt", None)
+                    lwt = (is_lwt is not None and is_lwt()) or query.consistency_level in _SERIAL
+                position: str | None
+                if lwt:
+                    ordered = order_lwt(replicas)
+                    position = "replica"
+                    if record is not None:
+                        record.lwt = True
+                elif replicas:
+                    best, best_score = best_replica(replicas)
+                    if (
+                        record is None
+                        and best_score < settings.non_replica_penalty * topology.min_rack_penalty
+                    ):
+                        # No non-replica can beat it: yielded before the others are scored.
+                        yielded = {id(best.host)}
+                        next(decisions["replica"])
+                        yield best.host
+                        others = list(replicas)
+                        others.remove(best)  # C-level, by identity first
+                    else:
+                        others = replicas
+                    ordered = rank(
+                        others,
+                        self._fill_pool(local, allowed),
+                        settings.sample_size - len(replicas),
+                        replicas,
+                        settings.non_replica_penalty,
+                    )
+                    position = None  # known once ordered: see below
+                else:
+                    ordered = rank(
+                        (), self._fill_pool(local, allowed), settings.sample_size, (), 1.0
+                    )
+                    position = "local"
+                if record is not None:
+                    record.candidates = ordered
+                if yielded is None:
+                    yielded = set()
+                    if ordered:
+                        if position is None:
+                            position = "replica" if ordered[0] in replicas else "non_replica"
+                        next(decisions[position])
+                        if record is not None:
+                            record.position = position
+                # Recorded before they are yielded: one C-level pass instead of a set
+                # insert per host (nothing between the yields below can raise).
+                yielded.update(map(id, map(_HOST, ordered)))
+                for view in ordered:
+                    yield view.host
+            if rest is None:
+                in_child = True
+                rest = iter(self._rest_plan(keyspace, query))
+        except Exception:
+            if in_child:
+                raise  # as the child alone would have: not ours to count or retry
+            self._on_error()
+            if record is not None:
+                record.fallback = True
+            if rest is None:
+                rest = iter(self.child.make_query_plan(working_keyspace, query))
+            if not yielded:
+                next(decisions["fallback"])
+                if record is not None:
+                    record.position = "fallback"
+        else:
+            if not yielded:
+                # No local candidate (or a target host): the child's plan decides.
+                next(decisions["child"])
+                if record is not None:
+                    record.position = "child"
+
+        # The rest of the child's plan, each host once (a child may repeat a host).
+        if yielded is None:
+            yielded = set()
+        for host in rest:
+            key = id(host)
+            if key not in yielded:
+                yielded.add(key)
+                yield host
+
+    def _rest_plan(self, keyspace: str | None, query: Any) -> Iterator[Any]:
+        """The child's plan, looking through the stock wrappers whose work is done here."""
+        chain = self.chain
+        if chain.token_aware is None and not chain.predicates and not chain.target_host_aware:
+            return self.child.make_query_plan(keyspace, query)
+        plan = chain.base.make_query_plan(keyspace, query)
+        if not chain.predicates:
+            return plan
+        predicates = chain.predicates
+        return (host for host in plan if all(p(host) for p in predicates))
+
+    def _eligible(self, views: Sequence[HostView], allowed: set[int] | None) -> list[HostView]:
+        predicates = self.chain.predicates
+        return [
+            view
+            for view in views
+            if (allowed is None or id(view.host) in allowed)
+            and all(p(view.host) for p in predicates)
+        ]
+
+    def _fill_pool(
+        self, local: tuple[HostView, ...], allowed: set[int] | None
+    ) -> Sequence[HostView]:
+        # The hosts the fill may come from: the local candidates the child would yield.
+        if allowed is None and not self.chain.predicates:
+            return local
+        return self._eligible(local, allowed)
