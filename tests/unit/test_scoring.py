@@ -8,7 +8,7 @@ import collections
 import pytest
 from attrs import define
 
-from adaptive_lb.scoring import HostView, order_lwt, rank, score_of
+from adaptive_lb.scoring import HostView, best_replica, order_lwt, rank, score_of
 
 NON_REPLICA = 12.0
 
@@ -100,3 +100,38 @@ def test_lwt_order_is_ring_order_with_unhealthy_hosts_last():
     assert hosts(order_lwt(replicas)) == ["a", "b", "c"]
     replicas[0].stats.health_penalty = 64.0
     assert hosts(order_lwt(replicas)) == ["b", "c", "a"]
+
+
+def test_hot_loops_order_by_score_of():
+    """best_replica() and rank() inline the formula for speed: their order must be
+    score_of's, for any load (distinct scores, so tie-breaking plays no part)."""
+    import random
+
+    rng = random.Random(3)
+    penalties = (1.0, 1.5, 4.0, 6.0, 64.0)
+    for _ in range(300):
+        replicas = [
+            HostView(
+                host=f"r{i}",
+                stats=Load(rng.randrange(50), rng.choice(penalties), rng.choice(penalties)),
+                is_local=True,
+            )
+            for i in range(rng.randint(1, 4))
+        ]
+        fill = [
+            HostView(
+                host=f"f{i}",
+                stats=Load(rng.randrange(50), rng.choice(penalties), rng.choice(penalties)),
+                is_local=True,
+            )
+            for i in range(rng.randint(0, 6))
+        ]
+        scores = {v.host: score_of(v, True, NON_REPLICA) for v in replicas}
+        scores.update({v.host: score_of(v, False, NON_REPLICA) for v in fill})
+        if len(set(scores.values())) < len(scores):
+            continue  # a tie: the order among equals is random by design
+        best, best_score = best_replica(replicas)
+        assert best.host == min((v.host for v in replicas), key=scores.__getitem__)
+        assert best_score == pytest.approx(scores[best.host], rel=1e-8)
+        ordered = hosts(rank(replicas, fill, len(fill), (), NON_REPLICA))
+        assert ordered == sorted(scores, key=scores.__getitem__)
