@@ -5,7 +5,7 @@ subparsers; each command's handler (``args.handler(args)``) returns an exit code
 
     adaptive-lb demo                       # the default scenario set, tables + PNGs
     adaptive-lb demo --scenario overload --requests 10000 --json
-    adaptive-lb simulate config/scenarios/gc-pause.yaml --seed 7 --out /tmp/gc
+    adaptive-lb simulate gc-pause --seed 7 --out /tmp/gc   # a stock scenario, or a file
 
 Every (scenario, policy) pair runs on a worker process (``--jobs``, default one per CPU).
 Same ``--seed`` -> identical numbers (and byte-identical ``--json``).
@@ -48,7 +48,7 @@ DEMO_SCENARIOS = (
     "fast-failing-node",
     "hot-partition",
 )
-"""The scenarios ``adaptive-lb demo`` runs, from ``config/scenarios/<name>.yaml``."""
+"""The scenarios ``adaptive-lb demo`` runs, from ``adaptive_lb/data/scenarios/<name>.yaml``."""
 
 
 def _common(parser: argparse.ArgumentParser, default_out: str) -> None:
@@ -117,7 +117,7 @@ def add_subcommands(subparsers: Any) -> None:
     simulate = subparsers.add_parser(
         "simulate",
         help="simulate one scenario file under every policy and compare",
-        description="Run one scenario (YAML, see config/scenarios/) and print its table.",
+        description="Run one scenario (YAML, see adaptive_lb/data/scenarios/) and print its table.",
     )
     simulate.add_argument(
         "scenario_file",
@@ -139,8 +139,8 @@ def run_demo(args: argparse.Namespace) -> int:
     directory = Path(args.scenarios_dir) if args.scenarios_dir else scenario_dir()
     if directory is None:
         print(
-            "adaptive-lb demo: no scenario folder found (config/scenarios, or the package's "
-            "data/scenarios); pass --scenarios-dir",
+            "adaptive-lb demo: no scenario folder found (the package's data/scenarios); "
+            "pass --scenarios-dir",
             file=sys.stderr,
         )
         return 2

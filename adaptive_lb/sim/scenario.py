@@ -1,8 +1,8 @@
 """Scenario files: what cluster, network, workload and faults a simulation runs.
 
-A scenario is YAML (``config/scenarios/*.yaml``) mapped onto the frozen attrs classes below
-and validated like the main config: every problem is reported at once, each with its key
-path, in one :class:`adaptive_lb.config.ConfigError`::
+A scenario is YAML (``adaptive_lb/data/scenarios/*.yaml``) mapped onto the frozen attrs
+classes below and validated like the main config: every problem is reported at once, each
+with its key path, in one :class:`adaptive_lb.config.ConfigError`::
 
     name: slow-coordinator
     requests: 30000
@@ -501,16 +501,8 @@ def load_scenario(path: str | os.PathLike[str]) -> Scenario:
 
 
 def scenario_dir() -> Path | None:
-    """Where the stock scenarios are: ``config/scenarios`` of this checkout or of the
-    current directory (so edits there are picked up), else the identical copies shipped in
-    the package (``adaptive_lb/data/scenarios``, for a ``pip install`` without a
-    checkout)."""
-    candidates = [
-        Path(__file__).resolve().parents[2] / "config" / "scenarios",
-        Path.cwd() / "config" / "scenarios",
-        Path(__file__).resolve().parents[1] / "data" / "scenarios",
-    ]
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate
-    return None
+    """Where the stock scenarios are: ``adaptive_lb/data/scenarios``, shipped in the
+    package (one copy, the same for a checkout and a ``pip install``). None if the folder
+    is missing (a broken install)."""
+    directory = Path(__file__).resolve().parents[1] / "data" / "scenarios"
+    return directory if directory.is_dir() else None
