@@ -72,7 +72,8 @@ MAX_NESTING = 16
 """Deepest nesting of values in a config file, counting the top mapping (a real file needs 4)."""
 
 MAX_NODES = 10_000
-"""Most values (scalars, mappings, lists) in a config file (the full file has about 70)."""
+"""Most values (scalars, mappings, lists) in a config file (the full file has about 70), each
+key a merge key (``<<``) copies counted too (20 nested ``<<: [*a, *a]`` copy a million)."""
 
 MAX_ERRORS = 100
 """Most errors listed in one :class:`ConfigError` (then a count of the rest)."""
@@ -85,7 +86,8 @@ class ConfigError(ValueError):
     def __init__(
         self, errors: list[str] | str, *, source: str | None = None, total: int | None = None
     ) -> None:
-        self.errors: list[str] = [errors] if isinstance(errors, str) else list(errors)
+        errors = [errors] if isinstance(errors, str) else errors  # words of 100+ characters cut
+        self.errors = [re.sub(r"([^\s.,:]{60})[^\s.,:]{40,}", r"\1...", e) for e in errors]
         self.source = source
         self.total = len(self.errors) if total is None else total
         """How many problems were found (``errors`` may list only the first ones)."""
@@ -98,6 +100,25 @@ class ConfigError(ValueError):
 
 
 # --------------------------------------------------------------------------- validators
+
+_SECRET_NAME = re.compile(
+    r"(?:secret|passw(?:or)?d|pwd|token|credential|cookie|auth\w*"
+    r"|(?:api|access|private|client|signing|secret)[-_ ]?key)s?(?![\w-])",
+    re.IGNORECASE,
+)
+
+
+def _is_secret(path: str) -> bool:
+    """Whether the value at a key path is secret (no message shows it, nor keys below it):
+    the path is or is under a field marked ``secret`` (:data:`SECRET_KEYS`: header values),
+    or a key on it is secret-like. A key is when, in its last 40 characters and in any case,
+    secret, password, passwd, pwd, token, credential, cookie, auth + letters/digits/_
+    (Authorization, OAuth) or api/access/private/client/signing/secret + key (``api_key``,
+    ``apiKey``, ``X-API-Key``), plural s optional, is followed by no letter, digit, _ or -:
+    the last word decides, ``token_aware``, ``password_file``, ``routing_keys`` are not."""
+    under = f"{path}.".startswith(tuple(f"{key}." for key in SECRET_KEYS))
+    return under or any(_SECRET_NAME.search(key[-40:]) for key in path.split("."))
+
 
 # Values in messages are shown through reprlib: a hostile document (a YAML alias bomb) makes
 # structures whose full repr would be exponentially large.
@@ -112,7 +133,8 @@ def _show(value: Any) -> str:
     """A short, readable rendering of a value for an error message (2.0 shows as 2)."""
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
         return str(int(value))
-    return _repr.repr(value)
+    text = _repr.repr(value)  # hidden: a mapping with a secret-like key in it, say
+    return "value hidden" if not isinstance(value, str) and _SECRET_NAME.search(text) else text
 
 
 def _bound(kind: str, bound: float) -> Callable[[Any, Attribute, Any], None]:
@@ -173,13 +195,20 @@ def _optional_string(instance: Any, attribute: Attribute, value: Any) -> None:
         raise TypeError(f"{attribute.name}: must be a string or null, got {_show(value)}")
 
 
+def _string_map_problem(value: Any) -> str | None:
+    """Why ``value`` is not a mapping of strings to strings (None if it is): the bad entries'
+    names and value types, never a value (header values are credentials)."""
+    if not isinstance(value, Mapping):
+        return f"got {_type_name(value)} (value hidden)"
+    bad = [f"{_show(k)}: {_type_name(v)}" for k, v in value.items() if not isinstance(v, str)]
+    bad += [f"{_show(k)} (a name)" for k in value if not isinstance(k, str)]
+    return f"got {', '.join(bad[:4])}{' ...' if bad[4:] else ''} (value hidden)" if bad else None
+
+
 def _string_map(instance: Any, attribute: Attribute, value: Any) -> None:
-    if not isinstance(value, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise TypeError(
-            f"{attribute.name}: must be a mapping of strings to strings, got {_show(value)}"
-        )
+    problem = _string_map_problem(value)
+    if problem is not None:
+        raise TypeError(f"{attribute.name}: must be a mapping of strings to strings, {problem}")
 
 
 def _one_of(*options: str) -> Callable[[Any, Attribute, Any], None]:
@@ -304,7 +333,7 @@ class OtlpConfig:
     """OTLP receiver, e.g. http://127.0.0.1:4317 (grpc); null: no exporter."""
     protocol: str = field(default="grpc", validator=_one_of("grpc", "http"))
     """OTLP transport."""
-    headers: dict[str, str] = field(factory=dict, validator=_string_map)
+    headers: dict[str, str] = field(factory=dict, validator=_string_map, metadata={"secret": True})
     """Extra headers sent with every export (e.g. authentication)."""
     timeout: float = _duration(10.0, _gt(0.0))
     """Export timeout, seconds."""
@@ -411,20 +440,22 @@ def _checks(attribute: Attribute) -> list[Any]:
     return list(getattr(validator, "_validators", [validator]))
 
 
-def _duration_paths(cls: type, prefix: str = "") -> frozenset[str]:
+def _flagged_paths(cls: type, flag: str, prefix: str = "") -> frozenset[str]:
     paths: set[str] = set()
     for attribute in attrs_fields(cls):
         path = f"{prefix}{attribute.name}"
         nested = _nested_class(attribute)
         if nested is not None:
-            paths |= _duration_paths(nested, f"{path}.")
-        elif attribute.metadata.get("duration"):
+            paths |= _flagged_paths(nested, flag, f"{path}.")
+        elif attribute.metadata.get(flag):
             paths.add(path)
     return frozenset(paths)
 
 
-DURATION_KEYS = _duration_paths(Config)
+DURATION_KEYS = _flagged_paths(Config, "duration")
 """Key paths whose values are durations: seconds, or ``250ms``, ``10s``, ``2m``, ``500us``."""
+SECRET_KEYS = _flagged_paths(Config, "secret")
+"""Key paths of the fields holding secrets (see :func:`_is_secret`)."""
 
 _DURATION_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(us|µs|ms|s|m|h)\s*$")
@@ -501,13 +532,10 @@ def _convert(kind: str, raw: Any) -> Any:
             raise TypeError(f"must be a string or null, got {got}")
         return raw
     if kind == "str_map":
-        if raw is None:
-            return {}
-        if not isinstance(raw, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
-        ):
-            raise TypeError(f"must be a mapping of strings to strings, got {got}")
-        return dict(raw)
+        problem = None if raw is None else _string_map_problem(raw)
+        if problem is not None:
+            raise TypeError(f"must be a mapping of strings to strings, {problem}")
+        return dict(raw or {})
     raise AssertionError(f"unhandled field kind {kind}")
 
 
@@ -563,7 +591,9 @@ class _Structurer:
             key_path = f"{path}.{_key_text(key)}" if path else _key_text(key)
             attribute = known.get(key) if isinstance(key, str) else None
             if attribute is None:
-                close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
+                # Only for a listed error; no name is close to a key over 51 characters.
+                listed = self.count < MAX_ERRORS
+                close = listed and difflib.get_close_matches(str(key)[:60], list(known), 1, 0.6)
                 hint = f"; did you mean '{close[0]}'?" if close else ""
                 valid = ", ".join(sorted(known))
                 self.error(key_path, f"unknown key{hint} (valid keys: {valid})")
@@ -597,7 +627,10 @@ class _Structurer:
             for check in _checks(attribute):
                 check(None, attribute, value)
         except (TypeError, ValueError) as exc:
-            self.error(path, _strip_name(str(exc), attribute.name))
+            message = _strip_name(str(exc), attribute.name)
+            if _is_secret(path) and not message.endswith("hidden)"):  # what, not the value
+                message = f"{message.partition(', got ')[0]}, got {_type_name(raw)} (value hidden)"
+            self.error(path, message)
             return None, False
         return value, True
 
@@ -627,29 +660,40 @@ def _scan_keys(root: yaml.Node | None) -> tuple[dict[str, int], list[str]]:
             else:
                 here[key] = line
                 lines[key_path] = line
-            walk(value_node, key_path)
+            if not _is_secret(key_path) or key_path in SECRET_KEYS:  # no keys of a secret
+                walk(value_node, key_path)
 
     if root is not None:
         walk(root, "")
     return lines, duplicates
 
 
-class _LimitError(yaml.composer.ComposerError):
-    """A document over one of our limits (valid YAML, but not a plausible config)."""
+class _LimitError(yaml.MarkedYAMLError):
+    """A document refused by our rules (over a limit, or a value PyYAML cannot build)."""
 
 
-class _SafeLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing documents nested deeper than :data:`MAX_NESTING` or
-    with more than :data:`MAX_NODES` values.
+try:  # libyaml's parser reads 1 MiB in milliseconds, PyYAML's own in about 1 s
+    from yaml.cyaml import CParser as _Parser
+except ImportError:  # pragma: no cover - PyYAML built without libyaml
+    _Parser = yaml.SafeLoader
+_LOADER_BASES = (yaml.composer.Composer, yaml.constructor.SafeConstructor, yaml.resolver.Resolver)
 
-    Pure-Python PyYAML needs seconds for a hostile 1 MiB document (its scanner works in time
-    proportional to tokens x nesting depth); these limits stop it early. Without the depth
-    limit, deep nesting also ends in a RecursionError that depends on the caller's stack."""
+
+class _SafeLoader(_Parser, *_LOADER_BASES):  # type: ignore[misc,valid-type]
+    """PyYAML's safe loader (libyaml's parser if any) refusing documents nested deeper than
+    :data:`MAX_NESTING`, with more than :data:`MAX_NODES` values (merged keys included) or
+    integers over 1000 characters: that bounds the work, as aliases are not copied (a node
+    is built once) but merges are. Without the depth limits, deep nesting also ends in a
+    RecursionError that depends on the caller's stack."""
+
+    get_single_node = yaml.composer.Composer.get_single_node  # not libyaml's: it counts
 
     def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-        self._nodes = 0
+        _Parser.__init__(self, stream)
+        for base in _LOADER_BASES:
+            base.__init__(self)
+        self._depth = self._nodes = 0
+        self._flattening: set[Any] = set()  # mappings being flattened (merged into)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         self._depth += 1
@@ -667,11 +711,49 @@ class _SafeLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def flatten_mapping(self, node: Any) -> None:
+        # Counts what merges copy before PyYAML copies it (merged mappings flattened first).
+        if node in self._flattening:
+            return
+        if len(self._flattening) >= MAX_NESTING:
+            problem = f"merge keys (<<) nested deeper than {MAX_NESTING} levels"
+            raise _LimitError(None, None, problem, node.start_mark)
+        self._flattening.add(node)
+        for key, value in node.value:
+            merged = value.value if isinstance(value, yaml.SequenceNode) else [value]
+            for mapping in merged if key.tag == "tag:yaml.org,2002:merge" else ():
+                if isinstance(mapping, yaml.MappingNode):
+                    self.flatten_mapping(mapping)
+                    self._nodes += len(mapping.value)
+                    if self._nodes > MAX_NODES:
+                        problem = f"merge keys (<<) make more than {MAX_NODES} values"
+                        problem += ": not a config file?"
+                        raise _LimitError(None, None, problem, key.start_mark)
+        super().flatten_mapping(node)
+        self._flattening.discard(node)
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        # CPython converts long integers in quadratic time (hex, sexagesimal).
+        if node.tag == "tag:yaml.org,2002:int" and len(node.value) > 1000:
+            problem = "integer too long (over 1000 characters)"
+            raise _LimitError(None, None, problem, node.start_mark)
+        try:
+            return super().construct_object(node, deep)
+        except (ArithmeticError, AttributeError, LookupError, TypeError, ValueError):
+            # PyYAML quotes the value (!!int x: ValueError) or fails (!!bool x: KeyError).
+            problem = f"not a valid !!{node.tag.rpartition(':')[2]} (value hidden)"
+            raise _LimitError(None, None, problem, node.start_mark) from None
+
 
 def _yaml_error(exc: yaml.YAMLError) -> str:
+    """Line, column, problem: no source snippet, no quoted alias name or tag (user text)."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if problem.startswith("but ") and getattr(exc, "context", None):
+        problem = f"{exc.context}, {problem}"  # type: ignore[attr-defined]
+    if isinstance(exc, (yaml.composer.ComposerError, yaml.constructor.ConstructorError)):
+        problem = re.sub(r"""\s*('.*'|".*")""", "", problem, flags=re.DOTALL)
     if isinstance(exc, _LimitError):
         return f"{where}{problem}"
     if isinstance(exc, yaml.constructor.ConstructorError):
@@ -708,20 +790,22 @@ def parse_config(text: str, source: str = "<string>") -> Config:
         raise ConfigError(
             f"larger than {MAX_CONFIG_BYTES // 1024} KiB: not a config file?", source=source
         )
+    if text.count("\n%") + text.count("\r%") > 1000:  # libyaml reads %TAG in quadratic time
+        problem = "more than 1000 directives (lines starting with %)"
+        raise ConfigError(f"{problem}: not a config file?", source=source)
     loader: _SafeLoader | None = None
     try:
         loader = _SafeLoader(text)  # already checks for unprintable characters
         node = loader.get_single_node()
+        lines, duplicates = _scan_keys(node)  # before merges are flattened into the nodes
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_error(exc), source=source) from None
-    except (ValueError, TypeError, RecursionError) as exc:
-        # e.g. nesting deeper than the interpreter's stack, or a bad timestamp.
-        raise ConfigError(f"not valid YAML: {exc}", source=source) from None
+    except (ValueError, TypeError, RecursionError) as exc:  # deeper than the stack allows?
+        raise ConfigError(f"not valid YAML ({type(exc).__name__})", source=source) from None
     finally:
         if loader is not None:
             loader.dispose()
-    lines, duplicates = _scan_keys(node)
     try:
         config = config_from_mapping(data, source, lines=lines)
     except ConfigError as exc:
@@ -783,9 +867,15 @@ def config_to_mapping(config: Any) -> dict[str, Any]:
     return result
 
 
-def dump_config(config: Config) -> str:
-    """The config as YAML (round-trips through :func:`parse_config`)."""
+def dump_config(config: Config, *, reveal_secrets: bool = False) -> str:
+    """The config as YAML, secrets (:data:`SECRET_KEYS`: header values) written ``'***'``
+    unless ``reveal_secrets`` (then it round-trips through :func:`parse_config`)."""
     data = config_to_mapping(config)
+    for path in () if reveal_secrets else SECRET_KEYS:
+        *parents, name = path.split(".")
+        section = functools.reduce(operator.getitem, parents, data)
+        value = section[name]  # a mapping keeps its keys (header names)
+        section[name] = dict.fromkeys(value, "***") if isinstance(value, dict) else value and "***"
     text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
     if yaml.safe_load(text) != data:
         # PyYAML mangles a few characters (NEL) when writing unicode as is; escaped, they
@@ -814,9 +904,19 @@ class ConfigWatcher:
         on_change: Callable[[Config], None],
         on_error: Callable[[ConfigError], None] | None = None,
         interval: float = 1.0,
+        report_error: Callable[[str, str], None] | None = None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval: must be > 0, got {interval!r}")
+        if report_error is None:
+            from adaptive_lb.clock import SYSTEM_CLOCK
+            from adaptive_lb.errors import ErrorLog
+
+            report_error = ErrorLog(SYSTEM_CLOCK, _log).record
+        self.report_error = report_error
+        """Where an exception inside the watcher (a failing ``on_change``, say) goes:
+        ``report_error(stage, what)``, e.g. ``policy.record_error``; by default a counted
+        log at most once a minute."""
         self.path = os.fspath(path)
         self.on_change = on_change
         self.on_error = on_error
@@ -881,7 +981,7 @@ class ConfigWatcher:
             try:
                 self.check()
             except Exception:  # a failing callback must not end the watcher
-                _log.exception("adaptive-lb: config watcher error")
+                self.report_error("config_watch", "the config in force stays")
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop polling and wait for the thread (not when called from a callback)."""

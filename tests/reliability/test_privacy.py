@@ -437,11 +437,6 @@ def test_routing_key_opt_in_shows_the_routing_key(model, tmp_path):
 # ---------------------------------------------------------------- config errors
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="config validators quote the rejected value: a bad headers mapping is echoed, "
-    "header values included (being fixed in adaptive_lb/config.py)",
-)
 def test_rejected_headers_are_never_echoed(model, tmp_path, captured_logs):
     """Guarantee: when the ``headers`` value itself is rejected (a non-string value
     beside the secret one, a list, a nested mapping, a non-string key), neither the

@@ -529,6 +529,249 @@ def test_config_from_mapping_reports_like_the_parser():
         config_from_mapping([1, 2])
 
 
+# --------------------------------------------------------------------------- secrets
+
+SECRET = "Bearer Zq9xK2mW7pLr"
+SECRET_CORE = "Zq9xK2mW"
+"""Part of the secret that must never show (a truncated repr would still show it)."""
+OTLP = "tracing:\n  otlp:\n"
+
+# A secret in each position an error message could echo it from, and words the message must
+# still have (what is wrong, and where).
+SECRET_DOCUMENTS = {
+    "beside a bad header": (
+        f'{OTLP}    headers:\n      Authorization: "{SECRET}"\n      X-Retries: 3\n',
+        "tracing.otlp.headers: must be a mapping of strings to strings, got 'X-Retries': an "
+        "integer (value hidden) (line 3)",
+    ),
+    "headers as a list": (
+        f'{OTLP}    headers: ["Authorization: {SECRET}"]\n',
+        "tracing.otlp.headers: must be a mapping of strings to strings, got a list (value "
+        "hidden) (line 3)",
+    ),
+    "headers as a string": (f'{OTLP}    headers: "Authorization={SECRET}"\n', "got a string"),
+    "a header as a list": (f"{OTLP}    headers: {{Authorization: [{SECRET}]}}\n", "a list"),
+    "a header as a mapping": (f"{OTLP}    headers: {{A: {{token: {SECRET}}}}}\n", "'A': a mapping"),
+    "non-string header name": (
+        f'{OTLP}    headers:\n      3: "{SECRET}"\n',
+        "got 3 (a name) (value hidden)",
+    ),
+    "many bad headers": (
+        OTLP + "    headers: {" + ", ".join(f"h{i}: [{SECRET}]" for i in range(9)) + "}\n",
+        "got 'h0': a list, 'h1': a list, 'h2': a list, 'h3': a list ... (value hidden)",
+    ),
+    "under a secret-like key": (
+        f"policy:\n  local_rack: {{x: 1, api_key: {SECRET}, db_password: {SECRET}}}\n",
+        "policy.local_rack: must be a string or null, got a mapping (value hidden) (line 2)",
+    ),
+    "in a pair under a secret-like key": (
+        f"policy:\n  local_rack: !!pairs [token: {SECRET}]\n",
+        "got a list (value hidden)",
+    ),
+    "unknown secret-like key": (f"{OTLP}    api_key: {SECRET}\n", "api_key: unknown key"),
+    "misspelt headers": (
+        f"{OTLP}    header: {{Authorization: {SECRET}}}\n",
+        "tracing.otlp.header: unknown key; did you mean 'headers'?",
+    ),
+    "duplicate header": (
+        f"{OTLP}    headers:\n      Authorization: {SECRET}\n      Authorization: {SECRET}x\n",
+        "tracing.otlp.headers.Authorization: duplicate key (line 5, first on line 4)",
+    ),
+    "duplicate keys under a secret": (
+        f"{OTLP}    headers:\n      A: {{{SECRET}: 1, {SECRET}: 2}}\n",
+        "'A': a mapping (value hidden)",
+    ),
+    "unclosed quote": (f'{OTLP}    headers:\n      A: "{SECRET}\n', "not valid YAML: line "),
+    "unclosed flow mapping": (f"{OTLP}    headers: {{A: {SECRET}\n", "not valid YAML: line "),
+    "bad escape": (f'{OTLP}    headers:\n      A: "{SECRET}\\q"\n', "not valid YAML: line 4"),
+    "colon in a plain value": (f"{OTLP}    headers:\n      A: {SECRET}: x\n", "line 4"),
+    "tab in the value's line": (f"{OTLP}    headers:\n\tA: {SECRET}\n", "not valid YAML: line 4"),
+    "!!int": (f"{OTLP}    headers:\n      A: !!int {SECRET}\n", "line 4, column 10: not a valid"),
+    "!!float": (f"{OTLP}    headers:\n      A: !!float {SECRET}\n", "not a valid !!float"),
+    "!!bool": (f"{OTLP}    headers:\n      A: !!bool {SECRET}\n", "not a valid !!bool"),
+    "!!timestamp": (f"{OTLP}    headers:\n      A: !!timestamp {SECRET}\n", "not a valid"),
+    "!!binary": (f"{OTLP}    headers:\n      A: !!binary {SECRET}é\n", "base64"),
+    "as an alias": (f"{OTLP}    headers:\n      A: *{SECRET_CORE}\n", "found undefined alias"),
+    "as a tag": (f"{OTLP}    headers:\n      A: !{SECRET_CORE} x\n", "plain YAML values"),
+    "as a python tag": (f"{OTLP}    headers:\n      A: !!python/name:{SECRET_CORE}\n", "plain"),
+    "NUL after it": (f"{OTLP}    headers:\n      A: {SECRET}\x00\n", "#x0000"),
+    "long integer after it": (f"{OTLP}    headers: {{A: {SECRET}, B: {'9' * 2000}}}\n", "long"),
+}
+
+
+def _texts(error: BaseException) -> list[str]:
+    return [str(error), repr(error), *getattr(error, "errors", [])]
+
+
+@pytest.mark.parametrize("name", SECRET_DOCUMENTS)
+def test_errors_never_show_a_secret(name):
+    text, words = SECRET_DOCUMENTS[name]
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "s.yaml")
+    assert words in str(info.value), str(info.value)
+    for shown in _texts(info.value):
+        assert SECRET_CORE not in shown
+
+
+def test_failed_reloads_and_watchers_never_log_a_secret(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    policy = AdaptiveLoadBalancingPolicy(DCAwareRoundRobinPolicy("dc1"))
+    good = tmp_path / "good.yaml"
+    good.write_text("policy:\n  sample_size: 2\n")
+    policy.reload(good)
+    hash_before = policy.config_hash
+    errors: list[ConfigError] = []
+    for index, (text, _words) in enumerate(SECRET_DOCUMENTS.values()):
+        path = tmp_path / f"bad{index}.yaml"
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(ConfigError):
+            policy.reload(path)
+        watcher = ConfigWatcher(path, lambda config: None, errors.append)
+        assert watcher.check() and watcher.config is None
+    assert policy.config_hash == hash_before
+    assert policy.config_reloads["failure"] == len(SECRET_DOCUMENTS) == len(errors)
+    assert any("config reload from" in r.getMessage() for r in caplog.records)
+    assert any("keeping the last good one" in r.getMessage() for r in caplog.records)
+    for record in caplog.records:
+        assert SECRET_CORE not in record.getMessage()
+    assert SECRET_CORE not in caplog.text  # the formatted records, tracebacks included
+
+
+def test_constructing_otlp_config_never_shows_a_header():
+    with pytest.raises(TypeError) as info:
+        OtlpConfig(headers={"Authorization": SECRET, "X-Retries": 3})
+    assert str(info.value) == (
+        "headers: must be a mapping of strings to strings, got 'X-Retries': an integer "
+        "(value hidden)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "secret_like"),
+    [
+        *[(n, True) for n in ("password", "DB_PASSWD", "pwd", "client_secret", "token")],
+        *[(n, True) for n in ("X-Auth-Token", "Authorization", "oauth", "credentials")],
+        *[(n, True) for n in ("Cookie", "api_key", "apiKey", "X-API-Key", "private-key")],
+        *[(n, True) for n in ("access_key", "signing-key", "ClientKey")],
+        *[(n, False) for n in ("routing_keys", "key", "keyspace", "monkey", "sample_size")],
+        *[(n, False) for n in ("endpoint", "service_name", "local_rack", "keys")],
+        *[(n, False) for n in ("token_aware", "password_file", "secret_name", "tokenizer")],
+        *[(n, True) for n in ("secret_key", "refresh_tokens", "basic_auth", "auth_header")],
+    ],
+)
+def test_which_names_are_secret_like(name, secret_like):
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"policy:\n  local_rack: {{'{name}': shown-or-not}}\n")
+    assert ("shown-or-not" in str(info.value)) is not secret_like, str(info.value)
+
+
+def test_dump_config_masks_header_values_unless_asked(capsys, tmp_path):
+    config = parse_config(f'{OTLP}    headers:\n      Authorization: "{SECRET}"\n      X: y\n')
+    masked = dump_config(config)
+    assert SECRET_CORE not in masked
+    assert "Authorization: '***'" in masked and "X: '***'" in masked
+    assert parse_config(masked).tracing.otlp.headers == {"Authorization": "***", "X": "***"}
+    revealed = dump_config(config, reveal_secrets=True)
+    assert parse_config(revealed) == config
+    assert dump_config(Config()) == dump_config(Config(), reveal_secrets=True)
+
+    from adaptive_lb.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f'{OTLP}    headers:\n      Authorization: "{SECRET}"\n')
+    assert main(["config", "show", str(path)]) == 0
+    shown = capsys.readouterr().out
+    assert SECRET_CORE not in shown and "Authorization: '***'" in shown
+    assert f"hash {load_config(path).hash}" in shown
+    path.write_text(f'{OTLP}    headers:\n      Authorization: "{SECRET}"\n      X: 3\n')
+    assert main(["config", "validate", str(path)]) == 1
+    assert main(["config", "show", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert SECRET_CORE not in captured.out + captured.err
+    assert "'X': an integer (value hidden)" in captured.out
+
+
+def test_any_field_marked_secret_is_hidden_and_masked(monkeypatch):
+    import adaptive_lb.config as module
+
+    monkeypatch.setattr(module, "SECRET_KEYS", module.SECRET_KEYS | {"tracing.otlp.endpoint"})
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"{OTLP}    endpoint: [{SECRET}]\n")
+    assert str(info.value) == (
+        "<string>: tracing.otlp.endpoint: must be a string or null, got a list (value hidden) "
+        "(line 3)"
+    )
+    dumped = dump_config(parse_config(f"{OTLP}    endpoint: {SECRET}\n"))
+    assert SECRET_CORE not in dumped and "endpoint: '***'" in dumped
+    assert "endpoint: null" in dump_config(Config())
+
+
+# --------------------------------------------------------------------------- merge keys
+
+
+def test_merge_keys_merge_and_may_be_overridden():
+    merged = parse_config("policy: {<<: &b {sample_size: 3, token_aware: false}}\n")
+    assert merged.policy.sample_size == 3 and merged.policy.token_aware is False
+    text = "policy:\n  <<: &b {sample_size: 3, token_aware: false}\n  sample_size: 5\n"
+    overridden = parse_config(text)  # overriding a merged key is no duplicate key
+    assert overridden.policy.sample_size == 5 and overridden.policy.token_aware is False
+    listed = "policy:\n  <<: [{sample_size: 3}, {sample_size: 4, token_aware: false}]\n"
+    assert parse_config(listed).policy.sample_size == 3  # the first mapping listed wins
+
+
+def _merge_bomb(levels: int) -> str:
+    rows = ["a0: &a0 {x1: 1, x2: 2}"]
+    rows += [f"a{i}: &a{i} {{<<: [*a{i - 1}, *a{i - 1}], y: 1}}" for i in range(1, levels + 1)]
+    return "\n".join(rows) + "\n"
+
+
+def test_merged_keys_are_bounded():
+    # 10 levels copy 6 K keys in all, under the bound; 14 levels 98 K, over it. (Unbounded,
+    # 20 levels -- 511 bytes -- took 12 s.)
+    with pytest.raises(ConfigError) as info:
+        parse_config(_merge_bomb(10))
+    assert "a0: unknown key" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        parse_config(_merge_bomb(14), "m.yaml")
+    assert re.fullmatch(
+        r"m\.yaml: line \d+, column \d+: merge keys \(<<\) make more than 10000 values: "
+        r"not a config file\?",
+        str(info.value),
+    ), str(info.value)
+    chain = [f"&a{i} {{<<: *a{i - 1}}}" for i in range(1, 40)]
+    text = "defs: [&a0 {x: 1}, " + ", ".join(chain) + "]\npolicy: {<<: *a39}\n"
+    with pytest.raises(ConfigError, match=r"merge keys \(<<\) nested deeper than 16 levels"):
+        parse_config(text)
+
+
+def test_values_pyyaml_cannot_build_are_config_errors():
+    for text, words in [
+        ("policy:\n  token_aware: !!bool maybe\n", "line 2, column 16: not a valid !!bool"),
+        ("policy:\n  local_rack: !!timestamp nope\n", "not a valid !!timestamp"),
+        ("policy:\n  sample_size: !!int ''\n", "not a valid !!int"),
+        ("policy:\n  sample_size: !!float x\n", "not a valid !!float"),
+        ("health:\n  percentile: 1" + ":30" * 200 + ".5\n", "not a valid !!float"),
+        ("policy:\n  sample_size: " + "9" * 1001 + "\n", "integer too long (over 1000 char"),
+        ("policy:\n  sample_size: 0x" + "f" * 999 + "\n", "integer too long"),
+        ("policy:\n  sample_size: 1" + ":59" * 400 + "\n", "integer too long"),
+        ("policy:\n  sample_size: 0x" + "f" * 997 + "\n", "policy.sample_size: must be <= 64"),
+        ("policy: {local_rack: *" + "a" * 5000 + "}\n", "line 1, column 22: found undefined"),
+        ("a: 1\n---\nb: 2\n", "expected a single document in the stream, but found another"),
+        ("%TAG !a! tag:x,2000:\n" * 1100 + "--- {}\n", "more than 1000 directives"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            parse_config(text)
+        assert words in str(info.value), (text[:80], str(info.value))
+        assert len(str(info.value)) < 500
+
+
+def test_long_keys_are_cut_in_messages():
+    with pytest.raises(ConfigError) as info:
+        parse_config("policy:\n  ? " + "k" * 5000 + "\n  : 1\n")
+    assert str(info.value).startswith("<string>: policy." + "k" * 60 + "...: unknown key")
+    assert len(str(info.value)) < 300
+
+
 # --------------------------------------------------------------------------- JSON Schema
 
 _JSON_TYPES = {
@@ -684,7 +927,7 @@ def test_every_document_the_schema_allows_loads_and_round_trips(data):
     assume(tracking["latency_min"] > 0)  # not if latency_max is the smallest float
     config = config_from_mapping(data)
     assert config_to_mapping(config) == data
-    again = parse_config(dump_config(config))
+    again = parse_config(dump_config(config, reveal_secrets=True))
     assert again == config and again.hash == config.hash
 
 
