@@ -26,7 +26,9 @@ Facts that shape this module (measured, see ``/work/shared/notes/real-cassandra.
   Each JVM is started through ``setpriv --pdeathsig KILL`` (when available), so it dies with
   the thread that started it even if the test process is SIGKILLed and ``atexit`` never runs.
 
-Only the standard library is used, except for the readiness check through the driver.
+Fetching the jars, running each JVM and killing it by PID is :mod:`adaptive_lb.peers.jvm`;
+this module holds what is Cassandra's own: configuration files, JVM options, the topology and
+readiness through ``system.peers_v2``.
 """
 
 from __future__ import annotations
@@ -36,13 +38,14 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from adaptive_lb.peers.connect import CQL_PORT, connect_driver
+from adaptive_lb.peers.jvm import JvmProcess, java_command, maven_classpath, maven_classpath_ready
 
 __all__ = [
     "CASSANDRA_ARTIFACT",
@@ -65,7 +68,6 @@ DEFAULT_CACHE_DIR = (
 )
 """Where ``lib/`` (the jars) is kept: ``<repo>/.cache/cassandra`` (git-ignored)."""
 
-CQL_PORT = 9042
 STORAGE_PORT = 7000
 READY_LOG_LINE = "Starting listening for CQL clients"
 
@@ -119,26 +121,6 @@ JVM_TUNING_FLAGS: tuple[str, ...] = (
     "-Djava.net.preferIPv4Stack=true",
 )
 
-_POM = """<?xml version="1.0" encoding="UTF-8"?>
-<project xmlns="http://maven.apache.org/POM/4.0.0"
-         xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
-         xsi:schemaLocation="http://maven.apache.org/POM/4.0.0
-                             http://maven.apache.org/xsd/maven-4.0.0.xsd">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>adaptive-lb.tests</groupId>
-  <artifactId>cassandra-runtime</artifactId>
-  <version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.cassandra</groupId>
-      <artifactId>cassandra-all</artifactId>
-      <version>{version}</version>
-    </dependency>
-  </dependencies>
-</project>
-"""
-
 _LOGBACK = """<configuration scan="false">
   <appender name="FILE" class="ch.qos.logback.core.FileAppender">
     <file>{log}</file>
@@ -158,64 +140,21 @@ def missing_tools() -> str | None:
     """Why a real Cassandra cannot run here (``java`` or ``mvn`` missing), or ``None``."""
     if shutil.which("java") is None:
         return "needs `java` (Java 11 or 17) on PATH to run Apache Cassandra 5.0"
-    if shutil.which("mvn") is None and not _lib_ready(DEFAULT_CACHE_DIR / "lib"):
+    lib = DEFAULT_CACHE_DIR / "lib"
+    if shutil.which("mvn") is None and not maven_classpath_ready(CASSANDRA_ARTIFACT, lib):
         return f"needs `mvn` on PATH to fetch {CASSANDRA_ARTIFACT} (not cached yet)"
     return None
 
 
-def _lib_ready(lib: Path) -> bool:
-    return (lib / ".complete").is_file() and any(lib.glob("cassandra-all-*.jar"))
-
-
-def _tail(text: str, lines: int = 30) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
 def ensure_cassandra_lib(cache_dir: Path | None = None, *, timeout: float = 900.0) -> Path:
-    """Return ``<cache>/lib`` holding cassandra-all and all its runtime jars; fetch if needed.
-
-    A generated one-dependency pom and ``mvn -q -B dependency:copy-dependencies`` fill a
-    temporary directory that is renamed into place once complete, so a half-finished
-    download is never reused.
+    """Return ``<cache>/lib`` holding cassandra-all and all its runtime jars; fetch if needed
+    (see :func:`adaptive_lb.peers.jvm.maven_classpath`).
 
     Raises:
         CassandraError: ``mvn`` is missing or fails.
     """
     cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
-    lib = cache / "lib"
-    if _lib_ready(lib):
-        return lib
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise CassandraError(f"{lib} is missing and `mvn` is not on PATH")
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache, prefix=".mvn-") as tmp:
-        pom = Path(tmp) / "pom.xml"
-        pom.write_text(_POM.format(version=CASSANDRA_VERSION))
-        out = Path(tmp) / "lib"
-        cmd = [
-            mvn,
-            "-q",
-            "-B",
-            "-f",
-            str(pom),
-            "dependency:copy-dependencies",
-            f"-DoutputDirectory={out}",
-        ]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise CassandraError(f"`{' '.join(cmd)}` did not finish in {timeout:.0f} s") from exc
-        if proc.returncode != 0 or not any(out.glob("cassandra-all-*.jar")):
-            raise CassandraError(
-                f"`{' '.join(cmd)}` failed (exit {proc.returncode}); is Maven Central "
-                f"reachable?\n{_tail(proc.stdout + proc.stderr)}"
-            )
-        (out / ".complete").write_text(CASSANDRA_ARTIFACT + "\n")
-        if lib.exists():
-            shutil.rmtree(lib)
-        os.replace(out, lib)
-    return lib
+    return maven_classpath(CASSANDRA_ARTIFACT, cache / "lib", timeout=timeout, error=CassandraError)
 
 
 def evenly_spaced_tokens(nodes: int, num_tokens: int = 1) -> list[list[int]]:
@@ -225,14 +164,6 @@ def evenly_spaced_tokens(nodes: int, num_tokens: int = 1) -> list[list[int]]:
     total = nodes * num_tokens
     step = 2**64 // total
     return [[-(2**63) + (j * nodes + i) * step for j in range(num_tokens)] for i in range(nodes)]
-
-
-def _port_open(address: str, port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((address, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 class _Node:
@@ -245,8 +176,7 @@ class _Node:
         self.conf = self.dir / "conf"
         self.log = self.dir / "logs" / "system.log"
         self.out = self.dir / "logs" / "stdout.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log_offset = 0
+        self.process: JvmProcess | None = None
         self.paused = False
 
 
@@ -305,7 +235,7 @@ class CassandraCluster:
     def pid(self, node: int | str) -> int | None:
         """The JVM's process id of ``node`` (number from 1 or address), None if not running."""
         proc = self._node(node).process
-        return proc.pid if proc is not None and proc.poll() is None else None
+        return proc.pid if proc is not None and proc.running else None
 
     def node_of(self, address: str) -> int:
         """The node number (from 1) of ``address``."""
@@ -360,13 +290,13 @@ class CassandraCluster:
         """SIGSTOP the node's JVM: it keeps its sockets open but answers nothing (like a long
         stop-the-world GC pause); the driver keeps it UP while its requests hang."""
         n = self._node(node)
-        self._signal(n, signal.SIGSTOP)
+        self._process(n).signal(signal.SIGSTOP)
         n.paused = True
 
     def resume(self, node: int | str) -> None:
         """SIGCONT a node paused by :meth:`pause`."""
         n = self._node(node)
-        self._signal(n, signal.SIGCONT)
+        self._process(n).signal(signal.SIGCONT)
         n.paused = False
 
     def kill(self, node: int | str) -> None:
@@ -395,8 +325,6 @@ class CassandraCluster:
             CassandraError: not ready in time.
         """
         from cassandra.policies import WhiteListRoundRobinPolicy
-
-        from tests.integration.simulacron import connect_driver
 
         deadline = time.monotonic() + max(timeout, 1.0)
         for node in self._nodes:
@@ -429,7 +357,7 @@ class CassandraCluster:
                         last = exc
                     finally:
                         cluster.shutdown()
-                self._check_alive(node)
+                self._process(node).check_alive()
                 if time.monotonic() > deadline:
                     raise CassandraError(f"cluster not ready: {last}")
                 time.sleep(0.5)
@@ -454,23 +382,14 @@ class CassandraCluster:
                 return n
         raise KeyError(f"no node at {node}")
 
-    def _signal(self, node: _Node, sig: signal.Signals) -> None:
-        proc = node.process
-        if proc is None or proc.poll() is not None:
-            raise CassandraError(f"node{node.index} is not running")
-        os.kill(proc.pid, sig)
+    def _process(self, node: _Node) -> JvmProcess:
+        if node.process is None:
+            raise CassandraError(f"node{node.index} ({node.address}) is not running")
+        return node.process
 
     def _kill(self, node: _Node) -> None:
-        proc = node.process
-        if proc is None:
-            return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGCONT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
+        if node.process is not None:
+            node.process.stop()
         node.process = None
         node.paused = False
 
@@ -526,7 +445,7 @@ dynamic_snitch: true
         )
         (node.conf / "logback.xml").write_text(_LOGBACK.format(log=node.log))
 
-    def _command(self, node: _Node) -> list[str]:
+    def _spawn(self, node: _Node) -> None:
         assert self.lib is not None
         jamm = sorted(self.lib.glob("jamm-*.jar"))
         agent = [f"-javaagent:{jamm[-1]}"] if jamm else []
@@ -540,59 +459,32 @@ dynamic_snitch: true
             "cassandra.skip_wait_for_gossip_to_settle": "0",
             "cassandra.ring_delay_ms": "1000",
         }
-        # Safety net: the JVM gets SIGKILL if the thread that started it dies (pytest killed).
-        setpriv = shutil.which("setpriv")
-        watchdog = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
-        return [
-            *watchdog,
-            shutil.which("java") or "java",
-            f"-Xms{self.heap_mb}m",
-            f"-Xmx{self.heap_mb}m",
-            *JVM_TUNING_FLAGS,
-            *JVM17_MODULE_FLAGS,
-            *agent,
-            *(f"-D{key}={value}" for key, value in props.items()),
-            "-cp",
-            f"{node.conf}{os.pathsep}{self.lib}/*",
-            "org.apache.cassandra.service.CassandraDaemon",
-        ]
-
-    def _spawn(self, node: _Node) -> None:
-        node.log_offset = node.log.stat().st_size if node.log.exists() else 0
-        with open(node.out, "ab") as out:
-            node.process = subprocess.Popen(
-                self._command(node),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=node.dir,
-                start_new_session=True,
-            )
-
-    def _check_alive(self, node: _Node) -> None:
-        proc = node.process
-        if proc is None or proc.poll() is not None:
-            code = None if proc is None else proc.returncode
-            text = ""
-            for path in (node.out, node.log):
-                if path.exists():
-                    text += _tail(path.read_text(errors="replace"), 20) + "\n"
-            raise CassandraError(f"node{node.index} ({node.address}) exited ({code}):\n{text}")
+        command = java_command(
+            main="org.apache.cassandra.service.CassandraDaemon",
+            classpath=[node.conf, f"{self.lib}/*"],
+            jvm_args=[
+                f"-Xms{self.heap_mb}m",
+                f"-Xmx{self.heap_mb}m",
+                *JVM_TUNING_FLAGS,
+                *JVM17_MODULE_FLAGS,
+                *agent,
+                *(f"-D{key}={value}" for key, value in props.items()),
+            ],
+            die_with_parent=True,  # the JVM gets SIGKILL if the thread that started it dies
+        )
+        node.process = JvmProcess(
+            command,
+            node.out,
+            name=f"node{node.index} ({node.address})",
+            cwd=node.dir,
+            append=True,
+            logs=[node.log],
+            stop_grace=0.0,  # throwaway data: SIGKILL right away
+            error=CassandraError,
+        ).start()
 
     def _wait_node(self, node: _Node, deadline: float) -> None:
         """Wait for the node's "listening for CQL clients" log line and its open CQL port."""
-        while True:
-            self._check_alive(node)
-            logged = False
-            if node.log.exists():
-                with open(node.log, "rb") as fh:
-                    fh.seek(node.log_offset)
-                    logged = READY_LOG_LINE.encode() in fh.read()
-            if logged and _port_open(node.address, CQL_PORT):
-                return
-            if time.monotonic() > deadline:
-                raise CassandraError(
-                    f"node{node.index} ({node.address}) not listening for CQL in time; "
-                    f"see {node.log}"
-                )
-            time.sleep(0.25)
+        self._process(node).wait_ready(
+            deadline, log_line=READY_LOG_LINE, log_file=node.log, port=(node.address, CQL_PORT)
+        )

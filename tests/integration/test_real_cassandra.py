@@ -26,9 +26,9 @@ from cassandra.query import SimpleStatement
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config, instrument
 from adaptive_lb.config import HealthConfig, TrackingConfig
 from adaptive_lb.health import HealthState
+from adaptive_lb.peers.connect import connect_driver
 from tests.integration.cassandra import CassandraCluster
 from tests.integration.cassandra_fixture import cassandra_cluster  # noqa: F401
-from tests.integration.simulacron import connect_driver
 
 pytestmark = pytest.mark.integration
 
