@@ -2,21 +2,24 @@
 HTTP endpoint (:mod:`~adaptive_lb.exporters.prometheus`), the same numbers as OpenTelemetry
 observable instruments (:mod:`~adaptive_lb.exporters.otel_metrics`), and OTLP span export
 that never blocks a request (:mod:`~adaptive_lb.exporters.otlp`); :func:`start_exporters`
-starts what a config enables (:mod:`~adaptive_lb.exporters.setup`)."""
+starts what a config enables (:mod:`~adaptive_lb.exporters.setup`).
+
+Importing this package needs only the core install (``opentelemetry-api`` and
+``prometheus-client``): the OpenTelemetry SDK and the OTLP exporters (``pip install
+"adaptive-lb[otlp]"``) are imported when :func:`setup_tracing` is called, and only then.
+The SDK-based pieces live in :mod:`~adaptive_lb.exporters.span_processor`
+(``CountingBatchSpanProcessor``) and :mod:`~adaptive_lb.exporters.backoff`
+(``BackoffSpanExporter``).
+"""
 
 from adaptive_lb.exporters.otel_metrics import register_otel_metrics
-from adaptive_lb.exporters.otlp import (
-    BoundedSpanProcessor,
-    SpanExportTotals,
-    setup_tracing,
-    span_export_totals,
-)
+from adaptive_lb.exporters.otlp import setup_tracing
 from adaptive_lb.exporters.prometheus import AdaptiveLbCollector, start_prometheus_server
 from adaptive_lb.exporters.setup import Exporters, start_exporters
+from adaptive_lb.exporters.span_counts import SpanExportTotals, span_export_totals
 
 __all__ = [
     "AdaptiveLbCollector",
-    "BoundedSpanProcessor",
     "Exporters",
     "SpanExportTotals",
     "register_otel_metrics",

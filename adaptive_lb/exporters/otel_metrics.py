@@ -37,7 +37,7 @@ from typing import Any
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from adaptive_lb.exporters.otlp import span_export_totals
+from adaptive_lb.exporters.span_counts import DROP_REASONS, span_export_totals
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.snapshot import take_snapshot
 
@@ -126,7 +126,7 @@ def register_otel_metrics(
     def spans_dropped(options: CallbackOptions) -> Iterable[Observation]:
         totals = span_export_totals()
         if totals is not None:
-            for reason in ("queue_full", "export_failed", "backoff", "shutdown"):
+            for reason in DROP_REASONS:
                 yield Observation(getattr(totals, reason), {"reason": reason})
 
     gauge = meter.create_observable_gauge

@@ -25,7 +25,8 @@ Families (``_total`` is added by the exposition format to counters):
   (every internal error, see :data:`adaptive_lb.errors.ERROR_STAGES`),
   ``adaptive_lb_config_reloads_total{result=...}``,
   ``adaptive_lb_config_info{hash=...}``;
-- process-wide, once :func:`~adaptive_lb.exporters.setup_tracing` made a span processor:
+- process-wide, once :func:`~adaptive_lb.exporters.setup_tracing` made a span processor
+  (read from :mod:`~adaptive_lb.exporters.span_counts`: no OpenTelemetry SDK needed):
   ``adaptive_lb_trace_spans_exported_total`` and
   ``adaptive_lb_trace_spans_dropped_total{reason="queue_full"|"export_failed"|"backoff"|"shutdown"}``.
 """
@@ -45,7 +46,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from adaptive_lb.exporters.otlp import span_export_totals
+from adaptive_lb.exporters.span_counts import DROP_REASONS, span_export_totals
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.snapshot import take_snapshot
 
@@ -253,10 +254,8 @@ def _span_families() -> Iterator[Metric]:
         "Spans that never reached the OTLP receiver, by reason.",
         labels=["reason"],
     )
-    dropped.add_metric(["queue_full"], totals.queue_full)
-    dropped.add_metric(["export_failed"], totals.export_failed)
-    dropped.add_metric(["backoff"], totals.backoff)
-    dropped.add_metric(["shutdown"], totals.shutdown)
+    for reason in DROP_REASONS:
+        dropped.add_metric([reason], getattr(totals, reason))
     yield exported
     yield dropped
 

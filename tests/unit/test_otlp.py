@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,7 +19,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import OtlpConfig, TracingConfig
 from adaptive_lb.exporters import setup_tracing, span_export_totals
-from adaptive_lb.exporters.otlp import BackoffSpanExporter, ExportCounts
+from adaptive_lb.exporters.backoff import BackoffSpanExporter
+from adaptive_lb.exporters.span_counts import ExportCounts
 from adaptive_lb.sim.cluster import build_cluster, murmur3_routing_keys
 
 
@@ -591,3 +593,101 @@ def test_setup_tracing_always_backs_off_and_counts_per_processor():
     assert points["backoff"] == totals.backoff
     provider.shutdown()
     assert inner.shutdowns == 1
+
+
+# ------------------------------------------------------- CountingBatchSpanProcessor
+
+
+def test_the_sdk_queue_is_where_the_processor_looks():
+    """Pins the SDK internals the queue-full count relies on: if an SDK upgrade moves its
+    queue, this fails (and the processor warns that queue_full drops go uncounted)."""
+    from adaptive_lb.exporters.span_processor import sdk_queue
+
+    provider = setup_tracing(TracingConfig(), exporter=FakeExporter(), max_queue_size=100)
+    processor = provider.adaptive_lb_processor
+    queue = sdk_queue(processor)
+    assert queue is not None and queue.maxlen == 100
+    assert processor._alb_queue is queue
+    provider.shutdown()
+    tiny = setup_tracing(TracingConfig(), exporter=FakeExporter(), max_queue_size=1)
+    with tiny.get_tracer("app").start_as_current_span("request"):
+        pass  # a batch larger than the queue is lowered to it (the SDK refuses it)
+    assert tiny.force_flush(5_000)
+    assert tiny.adaptive_lb_processor.exported_spans == 1
+    tiny.shutdown()
+
+
+def test_queue_full_drops_are_counted_exactly_with_concurrent_producers(caplog):
+    """Eight threads end spans while the export thread is stuck in an export: every
+    span is exactly one of in flight, queued or dropped (queue_full) -- then, once the
+    export returns, exported or dropped. The SDK's own drop (and its log line) never
+    happens."""
+    entered, release = threading.Event(), threading.Event()
+
+    class Stuck(FakeExporter):
+        def __init__(self):
+            super().__init__()
+            self.sizes: list[int] = []
+
+        def export(self, spans):
+            self.sizes.append(len(spans))
+            if len(self.sizes) == 1:
+                entered.set()
+                release.wait(10)
+            return super().export(spans)
+
+    caplog.set_level(logging.WARNING)
+    inner = Stuck()
+    provider = setup_tracing(TracingConfig(), exporter=inner, max_queue_size=64)
+    processor = provider.adaptive_lb_processor
+    tracer = provider.get_tracer("app")
+    before = span_export_totals()
+    threads_count, per_thread = 8, 500
+    start = threading.Barrier(threads_count)
+
+    def produce():
+        start.wait()
+        for _ in range(per_thread):
+            tracer.start_span("s").end()
+
+    try:
+        for _ in range(64):  # a full batch: the export thread takes it, and gets stuck
+            tracer.start_span("s").end()
+        assert entered.wait(10)
+        threads = [threading.Thread(target=produce) for _ in range(threads_count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        total = 64 + threads_count * per_thread
+        in_flight = inner.sizes[0]
+        queued = len(processor._alb_queue)
+        assert queued == 64  # refilled while the export was stuck
+        assert processor.queue_full_drops + queued + in_flight == total
+        assert span_export_totals().queue_full - before.queue_full == processor.queue_full_drops
+    finally:
+        release.set()
+    assert provider.force_flush(10_000)
+    provider.shutdown()
+    assert processor.exported_spans + processor.dropped_spans == total
+    assert processor.dropped_spans == processor.queue_full_drops
+    assert not [r for r in caplog.records if "Queue full" in r.getMessage()]
+
+
+def test_missing_otlp_extra_is_an_import_error_naming_it(monkeypatch):
+    """Without the SDK (or the chosen protocol's exporter) setup_tracing raises an
+    ImportError saying what to install; an ImportError of our own code is not disguised."""
+    config = TracingConfig(otlp=OtlpConfig(endpoint="http://127.0.0.1:4317", protocol="grpc"))
+    module = "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ImportError, match=r'pip install "adaptive-lb\[otlp\]"') as info:
+        setup_tracing(config)
+    assert info.value.name == module
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.resources", None)
+    with pytest.raises(ImportError, match=r"adaptive-lb\[otlp\].*opentelemetry\.sdk\.resources"):
+        setup_tracing(config, exporter=FakeExporter())
+    monkeypatch.delitem(sys.modules, "opentelemetry.sdk.resources")
+    monkeypatch.setitem(sys.modules, "adaptive_lb.exporters.span_processor", None)
+    with pytest.raises(ImportError) as info:
+        setup_tracing(config, exporter=FakeExporter())
+    assert "adaptive-lb[otlp]" not in str(info.value)
