@@ -4,11 +4,20 @@ Wrap the policy you already use::
 
     from adaptive_lb import AdaptiveLoadBalancingPolicy
     policy = AdaptiveLoadBalancingPolicy(TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
+
+The names that need the driver are imported on first use, so that the driver-free modules
+(``adaptive_lb.scoring``, ``health``, ``stats``, ``proximity``) import no driver module.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from adaptive_lb.config import Config, ConfigError
-from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
-from adaptive_lb.tracking import RequestTracker, instrument
+
+if TYPE_CHECKING:
+    from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
+    from adaptive_lb.tracking import RequestTracker, instrument
 
 __all__ = [
     "AdaptiveLoadBalancingPolicy",
@@ -18,3 +27,20 @@ __all__ = [
     "instrument",
 ]
 __version__ = "0.1.0"
+
+_LAZY = {
+    "AdaptiveLoadBalancingPolicy": "adaptive_lb.policy",
+    "RequestTracker": "adaptive_lb.tracking",
+    "instrument": "adaptive_lb.tracking",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'adaptive_lb' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
