@@ -13,52 +13,30 @@ histograms; outcome counters rotate with them. The window covers between
 ``window - window / intervals`` and ``window`` seconds of the past: the current (partial)
 interval plus the ``intervals - 1`` before it.
 
-Cost on the request path: ``HdrHistogram.record_value`` is pure Python (~1-2 us), so
-samples are recorded by ``HostStats._record``, an inlined equivalent that writes the same
-counts slot of the same histogram object (the unit tests pin it to hdrh's own
-``record_value``). The per-request events call nothing while they hold the host's lock, so
-that threads do not convoy on it (see the note above :meth:`HostStats.on_send`).
-
-Memory: a host's interval histograms are allocated on its first latency sample (idle
-hosts, e.g. in remote datacenters, hold none) and then reused -- a rotation clears them with
-one ``memset`` -- so an active host holds ``intervals`` histograms for ever (10 KiB each with
-the default config). :meth:`HostStats.window_stats` merges them into a short-lived scratch
-histogram.
-
-Percentiles are computed only by :meth:`HostStats.window_stats` (the health refresh), never
-per request, by :func:`percentile_values`: a cumulative sum in C and a binary search instead
-of hdrh's per-slot Python loop (tens of us instead of ~270-400 us; the same results).
+Cost on the request path: a sample is written straight into its histogram's counts slot
+(``record_value``'s arithmetic, inlined: as a call it costs ~1-2 us), and the per-request
+events call nothing while they hold the lock (see the note above
+:meth:`HostStats.on_send`). Every HdrHistogram internal used is in :mod:`adaptive_lb._hdr`.
+A host's histograms are allocated on its first latency sample (idle hosts hold none) and
+then reused, ``intervals`` x 10 KiB with the default config. Percentiles are computed only
+by :meth:`HostStats.window_stats` (the health refresh), never per request.
 """
 
 from __future__ import annotations
 
-import array
-import bisect
-import ctypes
-import itertools
-import sys
 import threading
 from collections.abc import Hashable, Iterator, Sequence
-from typing import Any
 
 from attrs import define, field
-from hdrh.histogram import HdrHistogram
 
+from adaptive_lb._hdr import HistogramLayout, Recorder, merge_into, percentile_values
 from adaptive_lb.clock import Clock
 from adaptive_lb.config import TrackingConfig
 from adaptive_lb.health_state import HealthState
 
-__all__ = ["HostStats", "StatsRegistry", "WindowStats", "percentile_values"]
+__all__ = ["HostStats", "StatsRegistry", "WindowStats"]
 
 _NS_PER_US = 1000
-
-_WORD_SIZE = 4
-"""Bytes per histogram counter: 4 halves the memory of hdrh's default 8, and no slot of a
-window can reach 2**32 samples. With the default config a histogram holds 2,560 counters
-(10 KiB), so an active host holds at most ``intervals`` x 10 KiB."""
-
-_TYPECODES = {array.array(code).itemsize: code for code in "QLIH"}
-"""array typecode of an unsigned integer, by size in bytes (hdrh's counter word sizes)."""
 
 
 @define(frozen=True, slots=True)
@@ -85,151 +63,58 @@ class WindowStats:
         object.__setattr__(self, "error_rate", rate)
 
 
-def percentile_values(histogram: HdrHistogram, percentiles: Sequence[float]) -> dict[float, int]:
-    """The value at each percentile, exactly as ``histogram.get_percentile_to_value_dict``
-    gives it (percentiles above 100 are left out), but computed with a C-level cumulative
-    sum over the slots between the histogram's min and max values and a binary search per
-    percentile, instead of a Python loop over every slot. Empty when the histogram holds no
-    sample. ``min_value`` and ``max_value`` must bound the recorded values (hdrh keeps them
-    exact; after its ``add``, ``min_value`` may be lower)."""
-    total = histogram.get_total_count()
-    if not total:
-        return {}
-    last = histogram.counts_len - 1
-    first = min(max(0, histogram.get_counts_array_index(histogram.min_value)), last)
-    end = min(max(0, histogram.get_counts_array_index(histogram.max_value)), last) + 1
-    size = histogram.word_size
-    raw = bytes(histogram.counts)
-    counts = array.array(_TYPECODES[size], raw[first * size : end * size])
-    cumulative = list(itertools.accumulate(counts))
-    result: dict[float, int] = {}
-    for percentile in sorted(set(percentiles)):
-        if percentile > 100:
-            break
-        target = histogram.get_target_count_at_percentile(percentile)
-        # min(): only if total_count overstated the counts, which _Interval never does.
-        offset = min(bisect.bisect_left(cumulative, target), len(cumulative) - 1)
-        value = histogram.get_value_from_index(first + offset)
-        if percentile:
-            result[percentile] = histogram.get_highest_equivalent_value(value)
-        else:
-            result[percentile] = histogram.get_lowest_equivalent_value(value)
-    return result
+@define(frozen=True, slots=True)
+class _Layout(HistogramLayout):
+    """A tracking config with the numbers derived from it: the window's interval length and
+    (inherited) the histograms' range and slot arithmetic (every histogram of a host has
+    this layout). :class:`HostStats` publishes one as a single reference, so a reader
+    outside the lock never pairs one config's slot arithmetic with another config's
+    histograms."""
+
+    config: TrackingConfig
+    alpha: float
+    interval_ns: int
+
+    @classmethod
+    def for_config(cls, config: TrackingConfig) -> _Layout:
+        """The layout of ``config``."""
+        min_us = max(1, round(config.latency_min * 1e6))
+        max_us = max(min_us + 1, round(config.latency_max * 1e6))
+        return cls.of(
+            min_us,
+            max_us,
+            config.significant_digits,
+            config=config,
+            alpha=config.ewma_alpha,
+            interval_ns=max(1, round(config.window * 1e9 / config.intervals)),
+        )
+
+    def clamp_us(self, latency_ns: int) -> int:
+        """``latency_ns`` in microseconds, clamped to the histograms' range."""
+        value = latency_ns // _NS_PER_US
+        if value < self.min_us:
+            return self.min_us
+        if value > self.max_us:
+            return self.max_us
+        return value
 
 
-def _clear(histogram: HdrHistogram) -> None:
-    """Empty ``histogram`` in place (hdrh's ``reset`` loops in Python over every slot)."""
-    counts = histogram.counts
-    ctypes.memset(ctypes.addressof(counts), 0, ctypes.sizeof(counts))
-    histogram.total_count = 0
-    histogram.min_value = sys.maxsize
-    histogram.max_value = 0
+class _Interval(Recorder):
+    """One slice of the window: outcome counters, and the latency samples recorded into a
+    histogram (allocated on the first sample, then reused; see :class:`Recorder`)."""
 
-
-class _Interval:
-    """One slice of the window: outcome counters and a latency histogram (allocated on the
-    first sample, then reused).
-
-    :meth:`HostStats._record` writes ``counts`` (the histogram's own counts array) directly
-    and keeps ``samples`` / ``min_us`` / ``max_us`` here, in slots, which is cheaper than the
-    histogram's attributes; :meth:`synced_histogram` copies them into the histogram before
-    it is read."""
-
-    __slots__ = (
-        "counts",
-        "errors",
-        "histogram",
-        "max_us",
-        "min_us",
-        "samples",
-        "successes",
-        "timeouts",
-    )
+    __slots__ = ("errors", "successes", "timeouts")
 
     def __init__(self) -> None:
+        super().__init__()
         self.successes = 0
         self.errors = 0
         self.timeouts = 0
-        self.samples = 0
-        self.min_us = sys.maxsize
-        self.max_us = 0
-        self.histogram: HdrHistogram | None = None
-        self.counts: ctypes.Array[Any] | None = None
-
-    def allocate(self, histogram: HdrHistogram) -> ctypes.Array[Any]:
-        """Adopt ``histogram`` (empty) for this interval's samples; its counts array."""
-        self.histogram = histogram
-        self.counts = histogram.counts
-        return self.counts
-
-    def synced_histogram(self) -> HdrHistogram | None:
-        """The histogram, with its total, min and max brought up to date; None when the
-        interval holds no sample."""
-        histogram = self.histogram
-        if histogram is None or not self.samples:
-            return None
-        histogram.total_count = self.samples
-        histogram.min_value = self.min_us
-        histogram.max_value = self.max_us
-        return histogram
 
     def clear(self) -> None:
         """Forget every count (the histogram is kept for reuse)."""
         self.successes = self.errors = self.timeouts = 0
-        if self.samples:
-            self.samples = 0
-            self.min_us = sys.maxsize
-            self.max_us = 0
-            _clear(self.histogram)
-
-
-@define(frozen=True, slots=True)
-class _Layout:
-    """A tracking config with the numbers derived from it: the window's interval length and
-    hdrh's index arithmetic for the histograms (every histogram of a host has this layout).
-    :class:`HostStats` publishes one as a single reference, so a reader outside the lock
-    never pairs one config's slot arithmetic with another config's histograms."""
-
-    config: TrackingConfig
-    alpha: float
-    min_us: int
-    max_us: int
-    interval_ns: int
-    unit_magnitude: int
-    sub_bucket_mask: int
-    sub_bucket_half: int
-    sub_bucket_half_magnitude: int
-    bucket_shift: int
-
-    @classmethod
-    def of(cls, config: TrackingConfig) -> _Layout:
-        """The layout of ``config``."""
-        min_us = max(1, round(config.latency_min * 1e6))
-        max_us = max(min_us + 1, round(config.latency_max * 1e6))
-        probe = _histogram(config, min_us, max_us)
-        return cls(
-            config=config,
-            alpha=config.ewma_alpha,
-            min_us=min_us,
-            max_us=max_us,
-            interval_ns=max(1, round(config.window * 1e9 / config.intervals)),
-            unit_magnitude=probe.unit_magnitude,
-            sub_bucket_mask=probe.sub_bucket_mask,
-            sub_bucket_half=probe.sub_bucket_half_count,
-            sub_bucket_half_magnitude=probe.sub_bucket_half_count_magnitude,
-            bucket_shift=probe.unit_magnitude + probe.sub_bucket_half_count_magnitude + 1,
-        )
-
-    def new_histogram(self) -> HdrHistogram:
-        """An empty histogram of this layout."""
-        return _histogram(self.config, self.min_us, self.max_us)
-
-
-def _histogram(config: TrackingConfig, min_us: int, max_us: int) -> HdrHistogram:
-    # hdrh needs highest >= 2 x lowest; values are clamped to [min_us, max_us] anyway.
-    return HdrHistogram(
-        min_us, max(max_us, 2 * min_us), config.significant_digits, word_size=_WORD_SIZE
-    )
+        super().clear()
 
 
 class HostStats:
@@ -292,7 +177,7 @@ class HostStats:
     def _configure(self, config: TrackingConfig) -> None:
         # Caller holds the lock (or is __init__). The layout and the intervals laid out by
         # it are replaced together: readers outside the lock only ever see one layout.
-        layout = _Layout.of(config)
+        layout = _Layout.for_config(config)
         self._intervals = [_Interval() for _ in range(config.intervals)]
         self._current = 0
         self._deadline_ns = self._clock_now() + layout.interval_ns
@@ -327,8 +212,10 @@ class HostStats:
 
     def on_success(self, latency_ns: int) -> None:
         """The attempt got a response; its latency counts."""
-        # The most frequent event of all: _release() and _record() are inlined here (two
-        # Python calls saved, ~0.2 us); keep the three in step.
+        # The most frequent event of all: _settle() and _record() are inlined here, with
+        # _Layout.clamp_us, HistogramLayout.slot_of and Recorder.add (Python calls saved,
+        # ~0.1 us each); keep them in step (test_stats pins this copy to hdrh's own
+        # record_value and to _record).
         now = self._clock_now()
         # One read of the layout: the slot below is computed for it, and written only if
         # it is still the layout in force once the lock is held (a reload publishes a new
@@ -378,12 +265,8 @@ class HostStats:
         timeout) does."""
         now = self._clock_now()
         with self._lock:
-            self._release()
-            if now >= self._deadline_ns:
-                self._rotate(now)
-            interval = self._intervals[self._current]
+            interval = self._settle(now)
             interval.errors += 1
-            self.requests_total += 1
             self.errors_total += 1
             if not fast:
                 self._record(interval, latency_ns)
@@ -393,12 +276,8 @@ class HostStats:
         took at least ``latency_ns``, which is recorded."""
         now = self._clock_now()
         with self._lock:
-            self._release()
-            if now >= self._deadline_ns:
-                self._rotate(now)
-            interval = self._intervals[self._current]
+            interval = self._settle(now)
             interval.timeouts += 1
-            self.requests_total += 1
             self.timeouts_total += 1
             self._record(interval, latency_ns)
 
@@ -422,30 +301,24 @@ class HostStats:
         else:
             self.underflows += 1
 
+    def _settle(self, now: int) -> _Interval:
+        """Release an attempt that ended with an outcome at ``now``: the interval that
+        counts it."""
+        self._release()
+        if now >= self._deadline_ns:
+            self._rotate(now)
+        self.requests_total += 1
+        return self._intervals[self._current]
+
     def _record(self, interval: _Interval, latency_ns: int) -> None:
-        """Clamp the latency to the histogram's range and count it in ``interval``, exactly
-        as ``HdrHistogram.record_value`` would (inlined: that method costs ~1-2 us), then
-        update the EWMA."""
+        """Clamp the latency to the histograms' range and count it in ``interval`` (its
+        histogram allocated on its first sample), then update the EWMA."""
         layout = self._layout
-        value = latency_ns // _NS_PER_US
-        if value < layout.min_us:
-            value = layout.min_us
-        elif value > layout.max_us:
-            value = layout.max_us
+        value = layout.clamp_us(latency_ns)
         counts = interval.counts
         if counts is None:
-            counts = interval.allocate(layout.new_histogram())
-        bucket = (value | layout.sub_bucket_mask).bit_length() - layout.bucket_shift
-        counts[
-            ((bucket + 1) << layout.sub_bucket_half_magnitude)
-            + (value >> (bucket + layout.unit_magnitude))
-            - layout.sub_bucket_half
-        ] += 1
-        interval.samples += 1
-        if value > interval.max_us:
-            interval.max_us = value
-        if value < interval.min_us:
-            interval.min_us = value
+            counts = interval.allocate(layout)
+        interval.add(counts, layout.slot_of(value), value)
         seconds = value / 1e6
         ewma = self.ewma_s
         self.ewma_s = seconds if ewma is None else ewma + layout.alpha * (seconds - ewma)
@@ -475,25 +348,22 @@ class HostStats:
         with self._lock:
             if now >= self._deadline_ns:
                 self._rotate(now)
-            successes = errors = timeouts = 0
+            successes = errors = timeouts = samples = 0
             for interval in self._intervals:
                 successes += interval.successes
                 errors += interval.errors
                 timeouts += interval.timeouts
                 histogram = interval.synced_histogram()
                 if histogram is not None:
-                    if scratch is None or scratch.counts_len != histogram.counts_len:
-                        scratch = self._layout.new_histogram()  # a reconfigure raced us
-                    # HdrHistogram.add() does exactly this for equal layouts (always the
-                    # case here), plus ~10 us of Python range checks under our lock.
-                    scratch.encoder.add(histogram.encoder)
-                    scratch.total_count += histogram.total_count
-                    scratch.min_value = min(scratch.min_value, histogram.min_value)
-                    scratch.max_value = max(scratch.max_value, histogram.max_value)
+                    if scratch is None or self._layout is not layout:
+                        # The first sample since, or a reconfigure raced us.
+                        layout = self._layout
+                        scratch = layout.new_histogram()
+                    merge_into(scratch, histogram)
+                    samples += interval.samples
             ewma = self.ewma_s
             in_flight = self.in_flight
-        samples = scratch.get_total_count() if scratch is not None else 0
-        if samples:
+        if scratch is not None and samples:
             values = percentile_values(scratch, percentiles)
             latency = {float(p): values[p] / 1e6 if p in values else None for p in percentiles}
         else:

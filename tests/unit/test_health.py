@@ -1,7 +1,9 @@
-"""Health model: SLOW, ERRORING, WARMING, hysteresis, refresh (no driver import)."""
+"""Health rules and model: SLOW, ERRORING, WARMING, hysteresis, refresh (no driver import)."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import itertools
 import logging
 import random
@@ -13,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adaptive_lb import health, health_rules
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, HealthPenalties, TrackingConfig
 from adaptive_lb.health import (
@@ -20,11 +23,12 @@ from adaptive_lb.health import (
     HealthState,
     HealthTransition,
     HostHealth,
-    _median_without,
     assess,
     peer_median,
+    peer_medians,
     warming_penalty,
 )
+from adaptive_lb.health_rules import _median_without
 from adaptive_lb.stats import HostStats, WindowStats
 
 MS = 1_000_000
@@ -689,6 +693,66 @@ def test_median_without_one_host_equals_the_median_of_the_others(values, data):
     index = data.draw(st.integers(0, len(values) - 1))
     others = values[:index] + values[index + 1 :]
     assert _median_without(sorted(values), values[index]) == peer_median(others)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    hosts=st.lists(
+        st.tuples(
+            st.sampled_from(["dc1", "dc2", None]),  # group (None: missing from groups)
+            st.one_of(st.none(), st.floats(0.0001, 1.0)),  # latency at the percentile
+            st.integers(0, 120),  # samples
+        ),
+        max_size=12,
+    )
+)
+def test_peer_medians_are_the_medians_of_the_other_qualified_hosts_of_the_group(
+    hosts: list[tuple[str | None, float | None, int]],
+) -> None:
+    config = HealthConfig()
+    windows = {
+        f"h{i}": window(latency=latency, samples=samples)
+        for i, (_, latency, samples) in enumerate(hosts)
+    }
+    groups = {f"h{i}": group for i, (group, _, _) in enumerate(hosts) if group is not None}
+
+    def qualified(key: str) -> float | None:
+        w = windows[key]
+        return w.latency[99.0] if w.samples >= config.min_samples else None
+
+    expected = {
+        key: peer_median(
+            qualified(other)
+            for other in windows
+            if other != key and groups.get(other) == groups.get(key)
+        )
+        for key in windows
+    }
+    assert peer_medians(windows, groups, config) == expected
+
+
+def test_health_reexports_every_rule() -> None:
+    for name in health_rules.__all__:
+        assert getattr(health, name) is getattr(health_rules, name)
+    assert set(health_rules.__all__) <= set(health.__all__)
+
+
+def imported_modules(module: object) -> set[str]:
+    tree = ast.parse(inspect.getsource(module))  # type: ignore[arg-type]
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_the_rules_are_pure_and_the_health_modules_import_no_driver() -> None:
+    rules = imported_modules(health_rules)
+    assert not rules & {"threading", "logging", "time", "adaptive_lb.clock"}, rules
+    for module in (health_rules, health):
+        assert not any(name.split(".")[0] == "cassandra" for name in imported_modules(module))
 
 
 # ----------------------------------------------------------------- the model

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import TrackingConfig
 from adaptive_lb.health_state import HealthState
-from adaptive_lb.stats import HostStats, StatsRegistry, WindowStats, percentile_values
+from adaptive_lb.stats import HostStats, StatsRegistry, WindowStats
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -166,14 +166,22 @@ def test_latency_is_clamped_to_the_histogram_range():
     values_us=st.lists(st.integers(-10, 200_000_000), min_size=1, max_size=300),
     digits=st.integers(1, 4),
     latency_min=st.sampled_from([1e-6, 1e-5, 3e-4]),
+    timeouts=st.booleans(),
 )
-def test_recording_matches_hdrh_record_value(values_us, digits, latency_min):
-    """The inlined recording fills the same slots as HdrHistogram.record_value."""
+def test_recording_matches_hdrh_record_value(
+    values_us: list[int], digits: int, latency_min: float, timeouts: bool
+) -> None:
+    """Both recordings -- on_success's inlined copy and _record (timeouts, slow errors, an
+    interval's first sample) -- fill the same slots as HdrHistogram.record_value."""
     stats, _ = make(latency_min=latency_min, latency_max=60.0, significant_digits=digits)
     low, high = round(latency_min * 1e6), 60_000_000
     reference = HdrHistogram(low, high, digits, word_size=4)
     for value in values_us:
-        succeed(stats, value * 1000)
+        stats.on_send()
+        if timeouts:
+            stats.on_timeout(value * 1000)
+        else:
+            stats.on_success(value * 1000)
         assert reference.record_value(min(max(value, low), high))
     interval = stats._intervals[stats._current]  # white box: the slots themselves
     histogram = interval.synced_histogram()
@@ -184,30 +192,22 @@ def test_recording_matches_hdrh_record_value(values_us, digits, latency_min):
     assert histogram.get_min_value() == reference.get_min_value()
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    values=st.lists(st.integers(1, 60_000_000), min_size=0, max_size=200),
-    percentiles=st.lists(st.floats(0.0, 100.0), min_size=1, max_size=6),
-)
-def test_percentile_values_match_hdrh(values, percentiles):
-    histogram = HdrHistogram(1, 60_000_000, 2)
-    for value in values:
-        histogram.record_value(value)
-    expected = histogram.get_percentile_to_value_dict(list(percentiles)) if values else {}
-    assert percentile_values(histogram, percentiles) == expected
-
-
-def test_percentile_values_after_an_hdrh_add():
-    """hdrh's add() leaves min_value at 0: the slot range must still cover every sample."""
-    source = HdrHistogram(1, 60_000_000, 2)
-    for value in (500, 501, 90_000, 7_000_000):
-        source.record_value(value)
-    merged = HdrHistogram(1, 60_000_000, 2)
-    merged.add(source)
-    percentiles = [0.0, 25.0, 50.0, 75.0, 100.0]
-    assert percentile_values(merged, percentiles) == source.get_percentile_to_value_dict(
-        percentiles
-    )
+def test_window_percentiles_match_hdrh_over_several_intervals() -> None:
+    """window_stats merges the intervals and reads the percentiles as hdrh would."""
+    stats, clock = make(window=4.0, intervals=4)
+    reference = HdrHistogram(1, 60_000_000, 2, word_size=4)
+    rng = random.Random(3)
+    for _ in range(3):
+        for _ in range(200):
+            value_us = rng.randint(1, 5_000_000)
+            succeed(stats, value_us * 1000)
+            reference.record_value(value_us)
+        clock.advance_s(1.0)
+    percentiles = [0.0, 50.0, 90.0, 99.0, 100.0]
+    expected = reference.get_percentile_to_value_dict(percentiles)
+    window = stats.window_stats(percentiles)
+    assert window.samples == 600
+    assert window.latency == {p: expected[p] / 1e6 for p in percentiles}
 
 
 # ----------------------------------------------------------------- sliding window
