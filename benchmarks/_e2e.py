@@ -1,0 +1,480 @@
+"""Helpers of ``benchmarks/e2e_overhead.py``: Simulacron, the variants, the closed loop and
+the statistics. Not a public module; nothing here changes the library.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import context, trace
+
+from adaptive_lb.peers.connect import connect_driver, wait_for_pools
+from adaptive_lb.peers.jvm import JvmProcess, java_command
+from adaptive_lb.peers.net import free_tcp_port
+from adaptive_lb.peers.simulacron import (
+    DEFAULT_CACHE_DIR,
+    SimulacronError,
+    ensure_simulacron_jar,
+    pick_node_ip,
+)
+from adaptive_lb.peers.simulacron_primes import SimulacronClient
+
+QUERY = "SELECT v FROM ks.t WHERE k = ?"
+CLUSTER = "e2e"
+DC = "dc1"
+NODES = 3
+RF = 2
+
+
+# ------------------------------------------------------------------------------------------
+# Simulacron
+# ------------------------------------------------------------------------------------------
+
+
+class Sim(SimulacronClient):
+    """One Simulacron JVM on loopback, stock jar, activity log off, killed by PID on
+    :meth:`stop` (and by the kernel if this process dies first: ``setpriv --pdeathsig``).
+
+    Built from the harness's parts (``adaptive_lb.peers``) rather than its ``Simulacron``
+    class only to get ``die_with_parent``: a benchmark killed with SIGKILL must not leave a
+    JVM behind on a shared machine.
+    """
+
+    def __init__(self, startup_timeout: float = 60.0) -> None:
+        super().__init__("127.0.0.1", free_tcp_port("127.0.0.1"))
+        self.startup_timeout = startup_timeout
+        self.process: JvmProcess | None = None
+        self.startup_seconds: float | None = None
+        self.node_ip: str | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def start(self) -> Sim:
+        jar = ensure_simulacron_jar()
+        self.node_ip = pick_node_ip(NODES)
+        cmd = java_command(
+            jar=jar,
+            jvm_args=("-Xmx256m",),
+            args=[
+                "--httpintf",
+                self.http_host,
+                "--httpport",
+                str(self.http_port),
+                "--ip",
+                self.node_ip,
+                "--loglevel",
+                "ERROR",
+                "--disable-activity-log",
+            ],
+            die_with_parent=True,
+        )
+        log = Path(DEFAULT_CACHE_DIR) / f"e2e-overhead-{self.http_port}.log"
+        self.process = JvmProcess(
+            cmd,
+            log,
+            name="Simulacron",
+            stop_grace=5.0,
+            kill_wait=5.0,
+            keep_log=False,
+            error=SimulacronError,
+        )
+        t0 = time.monotonic()
+        self.process.start()
+        try:
+            self.process.wait_ready(
+                t0 + self.startup_timeout,
+                probe=self.answers,
+                what=f"REST API at {self.base_url}",
+                interval=0.1,
+            )
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+        return self
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None:
+            process.stop()
+
+    def setup_cluster(self) -> list[str]:
+        """3 nodes in one DC (racks r1..r3), keyspace ``ks`` NTS RF 2, the prepared
+        ``QUERY`` answering one row at once. Returns the node addresses."""
+        nodes = self.create_cluster(CLUSTER, [["r1", "r2", "r3"]])[DC]
+        self.prime_keyspace("ks", {DC: RF})
+        self.prime(QUERY, [{"v": 1}], {"v": "int"}, param_types={"k": "int"})
+        return nodes
+
+
+# ------------------------------------------------------------------------------------------
+# OpenTelemetry
+# ------------------------------------------------------------------------------------------
+
+
+def otel_provider() -> tuple[Any, Any]:
+    """An SDK TracerProvider (sampling everything) whose spans go, through a
+    SimpleSpanProcessor, to an exporter that only counts them. Returns (provider, exporter)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        SimpleSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    from adaptive_lb.tracing import EVENT_NAME
+
+    class CountingExporter(SpanExporter):
+        """Drops spans; counts them (and, while ``inspect`` is on, their decision events)."""
+
+        def __init__(self) -> None:
+            self.spans = 0
+            self.inspect = False
+            self.inspected = 0
+            self.with_decision = 0
+
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            self.spans += len(spans)
+            if self.inspect:
+                for span in spans:
+                    self.inspected += 1
+                    if any(e.name == EVENT_NAME for e in span.events):
+                        self.with_decision += 1
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            pass
+
+    exporter = CountingExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+# ------------------------------------------------------------------------------------------
+# Variants
+# ------------------------------------------------------------------------------------------
+
+VARIANTS = {
+    "stock": "TokenAwarePolicy(DCAwareRoundRobinPolicy('dc1')), the reference",
+    "adaptive": "the same wrapped by AdaptiveLoadBalancingPolicy, adaptive_lb.instrument(session)",
+    "adaptive-otel": "adaptive + a recording OTel parent span per request (decision recorded)",
+    "stock-otel": "stock + the same parent span per request (what the span alone costs)",
+}
+
+
+class Variant:
+    """One variant: its own Cluster and Session, connected once, and its closed loop."""
+
+    def __init__(self, name: str, contact_points: list[str]) -> None:
+        from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+
+        from adaptive_lb import AdaptiveLoadBalancingPolicy, instrument
+
+        self.name = name
+        self.adaptive = name.startswith("adaptive")
+        self.provider = self.exporter = None
+        if name.endswith("-otel"):
+            self.provider, self.exporter = otel_provider()
+        child = TokenAwarePolicy(DCAwareRoundRobinPolicy(DC))
+        self.policy: Any = (
+            AdaptiveLoadBalancingPolicy(child, tracer_provider=self.provider)
+            if self.adaptive
+            else child
+        )
+        self.cluster, self.session = connect_driver(contact_points, self.policy)
+        try:
+            self.tracker = instrument(self.session) if self.adaptive else None
+            if not wait_for_pools(self.session, DC, timeout=30.0):
+                raise RuntimeError(f"{name}: the driver's pools to {DC} did not open in 30 s")
+            self.prepared = self.session.prepare(QUERY)
+        except BaseException:
+            self.shutdown()
+            raise
+        tracer = self.provider.get_tracer("e2e_overhead") if self.provider else None
+        self.loop = ClosedLoop(self.session, self.prepared, tracer)
+
+    def park(self) -> None:
+        """Stop the health-refresh thread while another variant is timed (its cost belongs
+        to this variant's rounds only)."""
+        if self.adaptive:
+            self.policy.stop_health_refresh()
+
+    def unpark(self) -> None:
+        if self.adaptive:
+            self.policy.start_health_refresh()
+
+    def verify(self, keys: Sequence[int], count: int = 200) -> dict[str, Any]:
+        """Synchronous requests checking token-aware routing (the coordinator is a replica
+        of the key), tracking, and (``-otel``) that each parent span got a decision."""
+        metadata = self.cluster.metadata
+        pk = self.prepared.routing_key_indexes
+        on_replica = 0
+        if self.exporter is not None:
+            self.exporter.inspect, self.exporter.inspected = True, 0
+            self.exporter.with_decision = 0
+        tracer = self.loop.tracer
+        for k in keys[:count]:
+            bound = self.prepared.bind((k,))
+            replicas = metadata.get_replicas("ks", bound.routing_key)
+            if tracer is not None:
+                with tracer.start_as_current_span("request"):
+                    future = self.session.execute_async(bound)
+            else:
+                future = self.session.execute_async(bound)
+            future.result()
+            on_replica += future.coordinator_host in replicas
+        out: dict[str, Any] = {
+            "requests": count,
+            "coordinator_is_replica": on_replica,
+            "routing_key_indexes": pk,
+            "replicas_per_key": len(metadata.get_replicas("ks", bound.routing_key)),
+        }
+        if self.exporter is not None:
+            self.exporter.inspect = False
+            out["spans_with_decision"] = self.exporter.with_decision
+        if self.adaptive:
+            out["untracked_requests"] = self.tracker.untracked_requests
+            out["internal_errors"] = self.policy.internal_errors
+        return out
+
+    def counters(self) -> dict[str, Any]:
+        """End-of-run consistency numbers."""
+        out: dict[str, Any] = {}
+        if self.adaptive:
+            stats = [self.policy.stats.peek(h) for h in self.cluster.metadata.all_hosts()]
+            out["tracked_requests"] = sum(s.requests_total for s in stats if s is not None)
+            out["in_flight_now"] = sum(s.in_flight for s in stats if s is not None)
+            out["untracked_requests"] = self.tracker.untracked_requests
+            out["internal_errors"] = self.policy.internal_errors
+        if self.exporter is not None:
+            out["spans_exported"] = self.exporter.spans
+        return out
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
+        if self.provider is not None:
+            self.provider.shutdown()
+
+
+# ------------------------------------------------------------------------------------------
+# The closed loop
+# ------------------------------------------------------------------------------------------
+
+
+class ClosedLoop:
+    """``concurrency`` requests always in flight, from one process: each completion (on the
+    driver's event-loop thread) sends the next request until the round's time is up; then
+    the round waits for the last ones (every request sent in a round completes in it).
+
+    With a ``tracer``, each request gets a parent span, current while ``execute_async``
+    builds the query plan (where the policy records its decision) and ended when the
+    request completes.
+    """
+
+    def __init__(self, session: Any, prepared: Any, tracer: Any | None) -> None:
+        self.session = session
+        self.prepared = prepared
+        self.tracer = tracer
+        self.keys: Sequence[int] = (0,)
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._stop_at = 0.0
+        self._next_key = 0
+        self.in_flight = 0
+        self.completed = 0
+        self.errors = 0
+        self.error_types: dict[str, int] = {}
+
+    # The issuing and completion paths are kept minimal and identical for every variant
+    # except for the span (two separate issue functions, no per-request branch).
+
+    def _issue_plain(self) -> None:
+        with self._lock:
+            i = self._next_key
+            self._next_key = i + 1
+            self.in_flight += 1
+        keys = self.keys
+        try:
+            future = self.session.execute_async(self.prepared, (keys[i % len(keys)],))
+        except Exception as exc:
+            self._failed(exc, None)
+            return
+        future.add_callbacks(self._ok, self._failed, callback_args=(None,), errback_args=(None,))
+
+    def _issue_traced(self) -> None:
+        with self._lock:
+            i = self._next_key
+            self._next_key = i + 1
+            self.in_flight += 1
+        keys = self.keys
+        span = self.tracer.start_span("request")
+        token = context.attach(trace.set_span_in_context(span))
+        try:
+            future = self.session.execute_async(self.prepared, (keys[i % len(keys)],))
+        except Exception as exc:
+            context.detach(token)
+            self._failed(exc, span)
+            return
+        context.detach(token)
+        future.add_callbacks(self._ok, self._failed, callback_args=(span,), errback_args=(span,))
+
+    def _ok(self, _rows: Any, span: Any) -> None:
+        if span is not None:
+            span.end()
+        with self._lock:
+            self.in_flight -= 1
+            self.completed += 1
+            more = time.perf_counter() < self._stop_at
+            idle = self.in_flight == 0
+        if more:
+            self._issue()
+        elif idle:
+            self._done.set()
+
+    def _failed(self, exc: BaseException, span: Any) -> None:
+        if span is not None:
+            span.end()
+        name = type(exc).__name__
+        with self._lock:
+            self.in_flight -= 1
+            self.errors += 1
+            self.error_types[name] = self.error_types.get(name, 0) + 1
+            idle = self.in_flight == 0
+        # A failure does not send the next request (a dead cluster must end the round,
+        # not spin); errors are reported and any error fails the run's validity.
+        if idle:
+            self._done.set()
+
+    def run(
+        self, seconds: float, concurrency: int, keys: Sequence[int], drain_timeout: float
+    ) -> dict[str, float]:
+        """One round: requests, seconds, CPU seconds of the whole process, errors."""
+        self._issue = self._issue_traced if self.tracer is not None else self._issue_plain
+        self.keys = keys
+        self.completed = self.errors = 0
+        self.error_types = {}
+        self._done.clear()
+        times0 = os.times()
+        cpu0 = time.process_time()
+        t0 = time.perf_counter()
+        self._stop_at = t0 + seconds
+        for _ in range(concurrency):
+            self._issue()
+        if not self._done.wait(seconds + drain_timeout):
+            raise RuntimeError(
+                f"round did not drain: {self.in_flight} requests still in flight "
+                f"{drain_timeout:.0f} s after the end"
+            )
+        elapsed = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
+        times1 = os.times()
+        return {
+            "requests": self.completed,
+            "errors": self.errors,
+            "seconds": elapsed,
+            "cpu_seconds": cpu,
+            "sys_seconds": times1.system - times0.system,
+            "req_per_s": self.completed / elapsed,
+            "cpu_us_per_req": cpu / max(1, self.completed) * 1e6,
+        }
+
+
+# ------------------------------------------------------------------------------------------
+# Statistics
+# ------------------------------------------------------------------------------------------
+
+
+def median_ci(values: Sequence[float], level: float = 0.95) -> dict[str, float]:
+    """Median with its distribution-free (order-statistic, binomial) confidence interval:
+    ``[x_(j), x_(n+1-j)]`` for the highest j whose coverage is still >= ``level``. With too
+    few values for ``level`` it is ``[min, max]``, and ``coverage`` says how much that is
+    (5 values: 93.8 %; 6: 96.9 %; 30: [x_(10), x_(21)], 95.7 %)."""
+    xs = sorted(values)
+    n = len(xs)
+
+    def coverage(j: int) -> float:  # of [x_(j), x_(n+1-j)]: 1 - 2 P(B <= j-1), B ~ Bin(n, 1/2)
+        return 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2**n
+
+    j = 1
+    while 2 * (j + 1) <= n and coverage(j + 1) >= level:
+        j += 1
+    return {
+        "median": statistics.median(xs),
+        "lo": xs[j - 1],
+        "hi": xs[n - j],
+        "coverage": coverage(j),
+        "n": n,
+    }
+
+
+def verdict(ci: dict[str, float], neutral: float, unit: str, scale: float = 1.0) -> str:
+    """A sentence on the effect (median - neutral) against the interval's width."""
+    effect = (ci["median"] - neutral) * scale
+    width = (ci["hi"] - ci["lo"]) * scale
+    parts = []
+    if ci["lo"] <= neutral <= ci["hi"]:
+        parts.append("CI includes no change")
+    if width > abs(effect):
+        parts.append(f"CI width {width:.1f}{unit} > effect {abs(effect):.1f}{unit}")
+    return "; ".join(parts) if parts else "resolved"
+
+
+def key_sequence(count: int, seed: int) -> list[int]:
+    """``count`` distinct partition keys in a random order (the same for every variant)."""
+    keys = list(range(count))
+    random.Random(seed).shuffle(keys)
+    return keys
+
+
+def run_rounds(
+    variants: dict[str, Variant],
+    rounds: int,
+    seconds: float,
+    concurrency: int,
+    keys: Sequence[int],
+    seed: int,
+    drain_timeout: float,
+    progress: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """``rounds`` rounds, each timing every variant once in a shuffled order, the cyclic GC
+    disabled while timing (and frozen by the caller beforehand)."""
+    import gc
+
+    rng = random.Random(seed)
+    names = list(variants)
+    out = []
+    for r in range(rounds):
+        order = names[:]
+        rng.shuffle(order)
+        measured: dict[str, Any] = {}
+        for name in order:
+            for other in variants.values():
+                if other.name != name:
+                    other.park()
+            variants[name].unpark()
+            gc.collect()
+            gc.disable()
+            try:
+                measured[name] = variants[name].loop.run(seconds, concurrency, keys, drain_timeout)
+            finally:
+                gc.enable()
+        out.append({"round": r + 1, "order": order, "variants": measured})
+        progress(
+            f"round {r + 1}/{rounds}: "
+            + ", ".join(
+                f"{n} {measured[n]['req_per_s']:,.0f}/s {measured[n]['cpu_us_per_req']:.0f}us"
+                for n in names
+            )
+        )
+    return out
