@@ -27,7 +27,7 @@ from cassandra.policies import (
 try:  # scylla-driver only
     from cassandra.policies import RackAwareRoundRobinPolicy
 except ImportError:  # cassandra-driver
-    RackAwareRoundRobinPolicy = None  # type: ignore[assignment,misc]
+    RackAwareRoundRobinPolicy = None
 
 __all__ = [
     "LOCAL_DISTANCES",
@@ -167,7 +167,7 @@ _TRACKED_CLASSES: dict[type, type] = {}
 _tracked_classes_lock = threading.Lock()
 
 
-def _tracked_class(base: type) -> type:
+def _tracked_class(base: type[Any]) -> type:
     """A subclass of ``base`` (``ResponseFuture`` or a user's subclass of it) whose four
     attempt methods report to ``self._adaptive_lb_attempts`` before doing what ``base``
     does. Built once per base class: a hooked future then costs one ``__class__``
@@ -181,7 +181,7 @@ def _tracked_class(base: type) -> type:
     base_set_final_result = base._set_final_result
     base_set_final_exception = base._set_final_exception
 
-    class TrackedResponseFuture(base):  # type: ignore[misc,valid-type]
+    class TrackedResponseFuture(base):
         __slots__ = ()  # same layout as base, so __class__ can be assigned
 
         def _query(self: Any, host: Any, message: Any = None, cb: Any = None) -> Any:

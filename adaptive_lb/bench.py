@@ -4,7 +4,7 @@ each, measured in the same run on the same topology, plus topology-event costs a
     adaptive-lb bench                       # or: python benchmarks/plan_throughput.py
                                             # writes benchmarks/results/<driver>.{json,md}
 
-Topologies are made of the driver's real objects (``adaptive_lb.sim.cluster``): 45 nodes
+Topologies are made of the driver's real objects (``adaptive_lb.sim.driver_topology``): 45 nodes
 (5 DCs x 3 racks x 3 nodes) and 1,000 nodes (5 DCs x 3 racks x 66-67 nodes), NTS RF 3 per
 DC, 16 vnodes, 100,000 distinct routing keys, local DC ``dc1``. Stock and adaptive are timed
 in interleaved rounds (5 by default): each figure is the median over the rounds, each ratio
@@ -36,7 +36,7 @@ from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import PolicyConfig
-from adaptive_lb.sim.cluster import build_cluster, murmur3_routing_keys
+from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 try:
     from cassandra.policies import RackAwareRoundRobinPolicy

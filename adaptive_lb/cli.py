@@ -5,6 +5,7 @@ adaptive-lb loadtest ...           closed-loop load, stock vs adaptive (see --he
 adaptive-lb config validate FILE   every error of a config file, exit 1 if any
 adaptive-lb config show [FILE]     the effective config (defaults filled in)
 adaptive-lb config schema          JSON Schema of the config file, for editors
+adaptive-lb config default         config/default.yaml: every key at its default, documented
 """
 
 from __future__ import annotations
@@ -57,17 +58,27 @@ def _config_schema() -> int:
     return 0
 
 
+def _config_default() -> int:
+    from adaptive_lb.config import render_default_yaml
+
+    sys.stdout.write(render_default_yaml())
+    return 0
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
-    """``adaptive-lb config validate|show|schema``."""
+    """``adaptive-lb config validate|show|schema|default``."""
     if args.config_command == "validate":
         return _config_validate(args.files)
     if args.config_command == "show":
         return _config_show(args.file)
+    if args.config_command == "default":
+        return _config_default()
     return _config_schema()
 
 
 def _add_config_commands(commands: Any) -> None:
-    """Register ``config validate FILE...``, ``config show [FILE]`` and ``config schema``."""
+    """Register ``config validate FILE...``, ``config show [FILE]``, ``config schema`` and
+    ``config default``."""
     config = commands.add_parser("config", help="validate, show or describe a config file")
     config.set_defaults(handler=_cmd_config)
     config_commands = config.add_subparsers(dest="config_command", required=True)
@@ -82,6 +93,9 @@ def _add_config_commands(commands: Any) -> None:
         help="default: the file $ADAPTIVE_LB_CONFIG names, else the built-in defaults",
     )
     config_commands.add_parser("schema", help="print a JSON Schema (2020-12) of the file")
+    config_commands.add_parser(
+        "default", help="print config/default.yaml: every key at its default, documented"
+    )
 
 
 def _run_bench(argv: list[str]) -> int:
@@ -123,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     try:
         from adaptive_lb.sim.cli import add_subcommands as add_sim
     except ImportError:
-        add_sim = None
-    if add_sim is not None:
+        pass
+    else:
         add_sim(commands)
 
     _add_config_commands(commands)

@@ -14,11 +14,11 @@ import itertools
 __all__ = ["counter_value", "new_counter"]
 
 
-def new_counter() -> itertools.count:  # type: ignore[type-arg]
+def new_counter() -> itertools.count[int]:
     """A counter at 0: count an event with ``next(counter)``."""
     return itertools.count()
 
 
-def counter_value(counter: itertools.count) -> int:  # type: ignore[type-arg]
+def counter_value(counter: itertools.count[int]) -> int:
     """The events ``counter`` has counted (its next value), without advancing it."""
     return int(repr(counter)[6:-1])

@@ -260,15 +260,22 @@ def _start_simulated(options: LoadtestOptions, stack: ExitStack, err: TextIO) ->
     stack.callback(sim.stop)
     nodes = sim.create_cluster("loadtest", [["r1", "r2", "r3"]] * 3)
     sim.prime_keyspace("ks", {"dc1": 2, "dc2": 2, "dc3": 2})
-    rows = {"rows": [{"v": 1}], "column_types": {"v": "int"}, "param_types": {"k": "int"}}
-    sim.prime(SIMULATED_QUERY, **rows)
+    rows, column_types, param_types = [{"v": 1}], {"v": "int"}, {"k": "int"}
+    sim.prime(SIMULATED_QUERY, rows, column_types, param_types=param_types)
     options.local_dc = "dc1"
     options.query = options.query or SIMULATED_QUERY
     options.key_range = min(options.key_range, 100_000)
     if options.slow_node is not None:
         address = nodes["dc1"][options.slow_node - 1]
         delay = options.delay_ms if sim.fine_timer else max(100, options.delay_ms)
-        sim.prime(SIMULATED_QUERY, **rows, delay_ms=delay, scope=sim.scope_of(address))
+        sim.prime(
+            SIMULATED_QUERY,
+            rows,
+            column_types,
+            param_types=param_types,
+            delay_ms=delay,
+            scope=sim.scope_of(address),
+        )
         err.write(f"slow node: {address} (+{delay} ms)\n")
     return [nodes["dc1"][0]]
 

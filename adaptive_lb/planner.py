@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import define
 from cassandra import ConsistencyLevel
@@ -31,6 +31,9 @@ from adaptive_lb.counting import counter_value
 from adaptive_lb.replicas import ReplicaResolver
 from adaptive_lb.scoring import HostView, best_replica, order_lwt, rank
 from adaptive_lb.topology import TopologyBook
+
+if TYPE_CHECKING:
+    from adaptive_lb.stats import HostStats
 
 __all__ = ["DECISION_POSITIONS", "PlanRecord", "PlanSettings", "Planner"]
 
@@ -80,9 +83,9 @@ class PlanRecord:
     (a recorded plan scores every candidate: no first-host shortcut)."""
 
     keyspace: str | None = None
-    replicas: Sequence[HostView] = ()
+    replicas: Sequence[HostView[HostStats]] = ()
     """The candidate replicas of the routing key (empty without one)."""
-    candidates: Sequence[HostView] = ()
+    candidates: Sequence[HostView[HostStats]] = ()
     """The candidates in the order they were yielded."""
     cache_hit: bool | None = None
     """Replica cache hit (None: not looked up, or a tablet lookup)."""
@@ -139,7 +142,7 @@ class Planner:
                     in_child = True
                     rest = iter(self.child.make_query_plan(working_keyspace, query))
                     in_child = False
-                    local: tuple[HostView, ...] = ()
+                    local: tuple[HostView[HostStats], ...] = ()
                 else:
                     local = topology.local
             else:
@@ -156,7 +159,7 @@ class Planner:
                     rest = iter(plan)
                     allowed = {id(host) for host in plan}
 
-                replicas: Sequence[HostView] = ()
+                replicas: Sequence[HostView[HostStats]] = ()
                 if settings.token_aware and keyspace is not None and query is not None:
                     routing_key = query.routing_key
                     if routing_key is not None:
@@ -180,6 +183,7 @@ class Planner:
                     is_lwt = getattr(query, "is_lwt", None)
                     lwt = (is_lwt is not None and is_lwt()) or query.consistency_level in _SERIAL
                 position: str | None
+                others: Sequence[HostView[HostStats]]
                 if lwt:
                     ordered = order_lwt(replicas)
                     position = "replica"
@@ -269,7 +273,9 @@ class Planner:
         predicates = chain.predicates
         return (host for host in plan if all(p(host) for p in predicates))
 
-    def _eligible(self, views: Sequence[HostView], allowed: set[int] | None) -> list[HostView]:
+    def _eligible(
+        self, views: Sequence[HostView[HostStats]], allowed: set[int] | None
+    ) -> list[HostView[HostStats]]:
         predicates = self.chain.predicates
         return [
             view
@@ -279,8 +285,8 @@ class Planner:
         ]
 
     def _fill_pool(
-        self, local: tuple[HostView, ...], allowed: set[int] | None
-    ) -> Sequence[HostView]:
+        self, local: tuple[HostView[HostStats], ...], allowed: set[int] | None
+    ) -> tuple[HostView[HostStats], ...] | list[HostView[HostStats]]:
         # The hosts the fill may come from: the local candidates the child would yield.
         if allowed is None and not self.chain.predicates:
             return local

@@ -213,7 +213,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         so that tracking never creates state for it."""
         view = self._book.topology.by_id.get(id(host))
         if view is not None:
-            return view.stats  # type: ignore[return-value]
+            return view.stats
         stats = self.stats.peek(host)  # removed since the snapshot, still in flight
         if stats is None:
             next(self._untracked_attempts)
@@ -332,7 +332,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         distances depend on outside of topology events (e.g. a HostFilterPolicy predicate)."""
         self._book.rebuild()
 
-    def _view(self, host: Any, live: bool) -> HostView:
+    def _view(self, host: Any, live: bool) -> HostView[HostStats]:
         # The view of ``host`` in a new snapshot (called by the book, under its lock).
         settings = self._planner.settings
         distance = self._child.distance(host)
@@ -461,6 +461,9 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
     def _traced_plan(self, span: Any, working_keyspace: str | None, query: Any) -> Iterator[Any]:
         record = PlanRecord()
         hosts = list(self._planner.plan(working_keyspace, query, record))
+        tracer = self._tracer
+        if tracer is None:  # a reload disabled tracing while this plan was being made
+            return iter(hosts)
         try:
             cache = self.replica_cache
             decision, events = build_decision(
@@ -474,7 +477,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                 routing_keys=self._config.privacy.routing_keys,
                 pop_transition=self.health.pop_unreported,
             )
-            self._tracer.record(span, decision, events)  # type: ignore[union-attr]
+            tracer.record(span, decision, events)
         except Exception:
             self.errors.record("tracing", "the decision is not recorded on the span")
         return iter(hosts)

@@ -61,7 +61,7 @@ class HealthRefresh:
         """Every known host's statistics, and its peer group: its datacenter."""
         views = self._book.topology.by_id.values()
         return (
-            {view.host: view.stats for view in views},  # type: ignore[misc]
+            {view.host: view.stats for view in views},
             {view.host: view.datacenter for view in views},
         )
 

@@ -20,11 +20,16 @@ import threading
 from bisect import bisect_left
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adaptive_lb._driver import keyspace_replica_map, tablets_of, token_value_function
 from adaptive_lb.scoring import HostView
 from adaptive_lb.topology import Topology
+
+if TYPE_CHECKING:
+    from functools import _lru_cache_wrapper
+
+    from adaptive_lb.stats import HostStats
 
 __all__ = ["MAX_CACHED_KEY_BYTES", "ReplicaCache", "ReplicaResolver"]
 
@@ -70,7 +75,7 @@ class ReplicaCache:
         replaced or emptied."""
         self.invalidations = 0
         self.capacity = capacity
-        self.lookup: Callable[[Any, bytes], int] = lru_cache(maxsize=capacity)(compute)
+        self.lookup: _lru_cache_wrapper[int] = lru_cache(maxsize=capacity)(compute)
         """The cached lookup (the hot path calls it directly)."""
 
     def uncached(self, ring: Any, routing_key: bytes) -> int:
@@ -156,9 +161,9 @@ class _KeyspaceRing:
         self.replicas = [tuple(replica_map.get(token, empty)) for token in ring]
         # (generation, views per position), swapped as one reference so that a reader never
         # pairs one generation with another generation's list.
-        self.memo: tuple[int, list[tuple[HostView, ...] | None]] = (-1, [])
+        self.memo: tuple[int, list[tuple[HostView[HostStats], ...] | None]] = (-1, [])
 
-    def candidate_views(self, point: int, topology: Topology) -> tuple[HostView, ...]:
+    def candidate_views(self, point: int, topology: Topology) -> tuple[HostView[HostStats], ...]:
         """The live local replicas of ring range ``point`` in ``topology``."""
         generation, views = self.memo
         if generation != topology.generation:
@@ -171,7 +176,9 @@ class _KeyspaceRing:
         return found
 
 
-def _candidate_views(replicas: tuple[Any, ...], topology: Topology) -> tuple[HostView, ...]:
+def _candidate_views(
+    replicas: tuple[Any, ...], topology: Topology
+) -> tuple[HostView[HostStats], ...]:
     by_id = topology.by_id
     views = []
     for host in replicas:
@@ -219,7 +226,7 @@ class ReplicaResolver:
 
     def replicas(
         self, keyspace: str, routing_key: bytes, query: Any, topology: Topology
-    ) -> tuple[tuple[HostView, ...], bool | None]:
+    ) -> tuple[tuple[HostView[HostStats], ...], bool | None]:
         """Candidate replica views of ``routing_key`` in ``keyspace``, in ring order, and
         whether the cache was hit (None for tablet lookups, which are never cached).
         ``query`` is consulted only for its table, where tablets exist."""
@@ -232,7 +239,10 @@ class ReplicaResolver:
         if tablets is not None:
             table = getattr(query, "table", None)
             if table is not None and tablets.table_has_tablets(keyspace, table):
-                return self._tablet_replicas(keyspace, routing_key, table, topology), None
+                return (
+                    self._tablet_replicas(tablets, keyspace, routing_key, table, topology),
+                    None,
+                )
         replica_map = token_map.tokens_to_hosts_by_ks.get(keyspace)
         ring = self._rings.get(keyspace)
         if ring is None or replica_map is None or ring.replica_map is not replica_map:
@@ -280,11 +290,11 @@ class ReplicaResolver:
         return ring
 
     def _tablet_replicas(
-        self, keyspace: str, routing_key: bytes, table: str, topology: Topology
-    ) -> tuple[HostView, ...]:
+        self, tablets: Any, keyspace: str, routing_key: bytes, table: str, topology: Topology
+    ) -> tuple[HostView[HostStats], ...]:
         self.tablet_lookups += 1
         token = self._metadata.token_map.token_class.from_key(routing_key)
-        tablet = self._tablets.get_tablet_for_key(keyspace, table, token)
+        tablet = tablets.get_tablet_for_key(keyspace, table, token)
         if tablet is None:
             return ()
         by_host_id = topology.by_host_id

@@ -21,17 +21,21 @@ three attributes read lock-free: ``in_flight``, ``rack_penalty`` and ``health_pe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from operator import itemgetter
 from random import random
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from attrs import define, field
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "TIE_JITTER",
     "HostLoad",
     "HostView",
+    "HostWindow",
     "best_replica",
     "order_lwt",
     "penalty_of",
@@ -52,9 +56,17 @@ class HostLoad(Protocol):
     health_penalty: float
 
 
+_Load_co = TypeVar("_Load_co", bound=HostLoad, covariant=True)
+_Load = TypeVar("_Load", bound=HostLoad)
+_T_co = TypeVar("_T_co", covariant=True)
+
+
 @define(frozen=True, slots=True, eq=False)
-class HostView:
+class HostView(Generic[_Load_co]):
     """One host as the planner sees it in a topology snapshot.
+
+    Generic in its statistics: scoring reads only their :class:`HostLoad` part, the policy
+    (``HostView[HostStats]``) and its exporters read the rest.
 
     Compared by identity (``eq=False``): a view belongs to exactly one snapshot entry, and
     identity comparison keeps membership tests on the hot path cheap.
@@ -62,8 +74,9 @@ class HostView:
 
     host: Any
     """The driver's ``Host`` (or a simulator's host key)."""
-    stats: HostLoad
-    """Live numbers of this host: ``in_flight``, ``rack_penalty``, ``health_penalty``."""
+    stats: _Load_co
+    """Live numbers of this host: at least ``in_flight``, ``rack_penalty``,
+    ``health_penalty``."""
     datacenter: str | None = None
     rack: str | None = None
     is_local: bool = False
@@ -81,13 +94,23 @@ class HostView:
         object.__setattr__(self, "candidate", self.live and self.is_local)
 
 
+class HostWindow(Protocol[_T_co]):
+    """What :func:`rank` needs of its fill pool: a tuple or a list (sliced and concatenated
+    with itself, where a ``Sequence`` need not support ``+``)."""
+
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[_T_co]: ...
+    def __getitem__(self, index: slice, /) -> Self: ...
+    def __add__(self, other: Self, /) -> Self: ...
+
+
 # The score formula lives in this module only. score_of() is its reference form (used by
 # decision records and tests); best_replica() and rank() inline the same expression, since a
 # call per candidate would cost ~0.1 us on the hot path. tests/unit/test_scoring.py checks
 # that their orders are score_of's.
 
 
-def penalty_of(view: HostView, is_replica: bool, non_replica_penalty: float) -> float:
+def penalty_of(view: HostView[HostLoad], is_replica: bool, non_replica_penalty: float) -> float:
     """The multiplier of ``in_flight + 1`` in ``view``'s score: rack x health penalties,
     x ``non_replica_penalty`` unless ``is_replica``."""
     stats = view.stats
@@ -95,12 +118,12 @@ def penalty_of(view: HostView, is_replica: bool, non_replica_penalty: float) -> 
     return penalty if is_replica else penalty * non_replica_penalty
 
 
-def score_of(view: HostView, is_replica: bool, non_replica_penalty: float) -> float:
+def score_of(view: HostView[HostLoad], is_replica: bool, non_replica_penalty: float) -> float:
     """The WLLLB score of ``view`` (without tie-break jitter)."""
     return (view.stats.in_flight + 1) * penalty_of(view, is_replica, non_replica_penalty)
 
 
-def best_replica(replicas: Sequence[HostView]) -> tuple[HostView, float]:
+def best_replica(replicas: Sequence[HostView[_Load]]) -> tuple[HostView[_Load], float]:
     """The lowest-scored of ``replicas`` (not empty) and its score, exact ties broken
     uniformly at random (a jitter of :data:`TIE_JITTER`, one ``random()`` per replica)."""
     best = replicas[0]
@@ -120,12 +143,12 @@ def best_replica(replicas: Sequence[HostView]) -> tuple[HostView, float]:
 
 
 def rank(
-    replicas: Sequence[HostView],
-    local: Sequence[HostView],
+    replicas: Sequence[HostView[_Load]],
+    local: HostWindow[HostView[_Load]],
     fill_count: int,
-    exclude: Sequence[HostView],
+    exclude: Sequence[HostView[_Load]],
     non_replica_penalty: float,
-) -> list[HostView]:
+) -> list[HostView[_Load]]:
     """Order ``replicas`` and up to ``fill_count`` fill hosts from ``local`` by ascending
     score, the fill hosts scored with ``non_replica_penalty``.
 
@@ -139,7 +162,7 @@ def rank(
     stable), which is random already: among equal hosts each is first equally often, with
     no ``random()`` call per host.
     """
-    keyed = []
+    keyed: list[tuple[float, HostView[_Load]]] = []
     append = keyed.append
     for view in replicas:
         stats = view.stats
@@ -175,7 +198,7 @@ def rank(
     return [view for _, view in keyed]
 
 
-def order_lwt(replicas: Sequence[HostView]) -> list[HostView]:
+def order_lwt(replicas: Sequence[HostView[_Load]]) -> list[HostView[_Load]]:
     """Deterministic order for lightweight transactions: the token ring's replica order,
     with hosts whose health penalty is above 1 moved last (stable, by penalty).
 
@@ -193,5 +216,5 @@ _first = itemgetter(0)
 candidate."""
 
 
-def _health_penalty(view: HostView) -> float:
+def _health_penalty(view: HostView[HostLoad]) -> float:
     return view.stats.health_penalty

@@ -7,9 +7,12 @@ plain counters); taking one never computes a percentile.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import define
+
+if TYPE_CHECKING:
+    from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
 
 __all__ = ["HostSnapshot", "PolicySnapshot", "take_snapshot"]
 
@@ -73,7 +76,7 @@ class PolicySnapshot:
         return self.replica_cache_hits / total if total else 0.0
 
     @classmethod
-    def of(cls, policy: Any) -> PolicySnapshot:
+    def of(cls, policy: AdaptiveLoadBalancingPolicy) -> PolicySnapshot:
         """``policy``'s numbers now: in-flight as of now, window counts, percentiles and
         health as of the last health refresh, cache and error counters. Reads only the
         policy's public attributes; computes no percentile."""

@@ -12,11 +12,14 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import define, field
 
 from adaptive_lb.scoring import HostView
+
+if TYPE_CHECKING:
+    from adaptive_lb.stats import HostStats
 
 __all__ = ["Topology", "TopologyBook"]
 
@@ -27,21 +30,38 @@ class Topology:
 
     generation: int = 0
     """Increases with every change; replica-cache entries remember the one they saw."""
-    by_id: Mapping[int, HostView] = field(factory=dict)
+    by_id: Mapping[int, HostView[HostStats]] = field(factory=dict)
     """Every known host's view, keyed by ``id(host)`` (driver ``Host`` objects are unique
     per endpoint, and ``id`` avoids the driver's Python-level ``Host.__hash__``)."""
-    local: tuple[HostView, ...] = ()
+    local: tuple[HostView[HostStats], ...] = ()
     """Candidate-eligible hosts (live and LOCAL/LOCAL_RACK), in a random order."""
-    by_host_id: Mapping[Any, HostView] = field(factory=dict)
+    by_host_id: Mapping[Any, HostView[HostStats]] = field(factory=dict)
     """Views keyed by the driver's ``host_id`` (tablet replicas name hosts that way)."""
     min_rack_penalty: float = 1.0
     """Smallest rack penalty among ``local``: a lower bound for any candidate's score factor."""
 
     @classmethod
-    def build(cls, views: Iterable[HostView], generation: int) -> Topology:
+    def _of(
+        cls,
+        generation: int,
+        by_id: Mapping[int, HostView[HostStats]],
+        local: Iterable[HostView[HostStats]],
+        by_host_id: Mapping[Any, HostView[HostStats]],
+    ) -> Topology:
+        local = tuple(local)
+        return cls(
+            generation=generation,
+            by_id=by_id,
+            local=local,
+            by_host_id=by_host_id,
+            min_rack_penalty=min((v.rack_penalty for v in local), default=1.0),
+        )
+
+    @classmethod
+    def build(cls, views: Iterable[HostView[HostStats]], generation: int) -> Topology:
         """Make a snapshot from ``views`` (the local order is shuffled)."""
-        by_id: dict[int, HostView] = {}
-        by_host_id: dict[Any, HostView] = {}
+        by_id: dict[int, HostView[HostStats]] = {}
+        by_host_id: dict[Any, HostView[HostStats]] = {}
         for view in views:
             by_id[id(view.host)] = view
             host_id = getattr(view.host, "host_id", None)
@@ -49,15 +69,9 @@ class Topology:
                 by_host_id[host_id] = view
         local = [view for view in by_id.values() if view.candidate]
         random.shuffle(local)
-        return cls(
-            generation=generation,
-            by_id=by_id,
-            local=tuple(local),
-            by_host_id=by_host_id,
-            min_rack_penalty=min((v.rack_penalty for v in local), default=1.0),
-        )
+        return cls._of(generation, by_id, local, by_host_id)
 
-    def with_view(self, view: HostView, generation: int) -> Topology:
+    def with_view(self, view: HostView[HostStats], generation: int) -> Topology:
         """A copy with ``view`` added or replacing the view of the same host: O(N) copies of
         C-level containers, no per-host Python work for the other hosts."""
         key = id(view.host)
@@ -72,13 +86,7 @@ class Topology:
         if host_id is not None:
             by_host_id = dict(by_host_id)
             by_host_id[host_id] = view
-        return Topology(
-            generation=generation,
-            by_id=by_id,
-            local=tuple(local),
-            by_host_id=by_host_id,
-            min_rack_penalty=min((v.rack_penalty for v in local), default=1.0),
-        )
+        return Topology._of(generation, by_id, local, by_host_id)
 
     def without_host(self, host: Any, generation: int) -> Topology:
         """A copy with ``host`` forgotten."""
@@ -94,15 +102,9 @@ class Topology:
         if host_id is not None and by_host_id.get(host_id) is old:
             by_host_id = dict(by_host_id)
             del by_host_id[host_id]
-        return Topology(
-            generation=generation,
-            by_id=by_id,
-            local=local,
-            by_host_id=by_host_id,
-            min_rack_penalty=min((v.rack_penalty for v in local), default=1.0),
-        )
+        return Topology._of(generation, by_id, local, by_host_id)
 
-    def view_of(self, host: Any) -> HostView | None:
+    def view_of(self, host: Any) -> HostView[HostStats] | None:
         """The view of ``host`` (the same object the driver passes around), if known."""
         return self.by_id.get(id(host))
 
@@ -120,7 +122,7 @@ class TopologyBook:
     """
 
     def __init__(
-        self, make_view: Callable[[Any, bool], HostView], local_dc: Callable[[], Any]
+        self, make_view: Callable[[Any, bool], HostView[HostStats]], local_dc: Callable[[], Any]
     ) -> None:
         self.lock = threading.RLock()
         self.topology = Topology()

@@ -13,14 +13,18 @@ values (unless :class:`~adaptive_lb.config.PrivacyConfig` allows the routing key
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from attrs import define
 from opentelemetry import trace
 
 from adaptive_lb.config import PrivacyConfig, TracingConfig
 from adaptive_lb.scoring import penalty_of, score_of
+
+if TYPE_CHECKING:
+    from adaptive_lb.health import HealthTransition
+    from adaptive_lb.planner import PlanRecord
 
 __all__ = [
     "EVENT_NAME",
@@ -39,6 +43,7 @@ try:  # The context variable behind opentelemetry.context.get_current() (private
     from opentelemetry.context import _RUNTIME_CONTEXT
     from opentelemetry.trace.propagation import _SPAN_KEY
 
+    # Declared as the abstract _RuntimeContext; the contextvars implementation has it.
     _context_var = _RUNTIME_CONTEXT._current_context  # type: ignore[attr-defined]
     _context_var.get()
 except Exception:  # another runtime context implementation: use the public API
@@ -98,7 +103,7 @@ class Decision:
 
 
 def build_decision(
-    record: Any,
+    record: PlanRecord,
     hosts: Sequence[Any],
     working_keyspace: str | None,
     query: Any,
@@ -107,7 +112,7 @@ def build_decision(
     cache_hit_ratio: float,
     config_hash: str,
     routing_keys: bool,
-    pop_transition: Callable[[Any], Any | None],
+    pop_transition: Callable[[Any], HealthTransition | None],
 ) -> tuple[Decision, list[tuple[str, dict[str, Any]]]]:
     """The :class:`Decision` of a plan made with ``record`` (a
     :class:`~adaptive_lb.planner.PlanRecord`) that yielded ``hosts``, and the events to add
@@ -215,7 +220,12 @@ class DecisionTracer:
             attributes["adaptive_lb.routing_key"] = decision.routing_key.hex()
         return attributes
 
-    def record(self, span: Any, decision: Decision, events: list[tuple[str, dict]] = ()) -> None:
+    def record(
+        self,
+        span: Any,
+        decision: Decision,
+        events: Sequence[tuple[str, Mapping[str, Any]]] = (),
+    ) -> None:
         """Record ``decision`` on ``span`` (event mode) or as a child span of it (span mode);
         ``events`` (e.g. health transitions of candidate hosts) are added alongside."""
         attributes = self.attributes(decision)

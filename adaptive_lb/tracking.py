@@ -35,6 +35,7 @@ from cassandra.protocol import (
 
 from adaptive_lb._driver import FUTURE_POLICY_ATTRIBUTE, hook_future
 from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
+from adaptive_lb.stats import HostStats
 
 __all__ = ["RequestTracker", "instrument"]
 
@@ -55,7 +56,7 @@ _CLIENT_ERROR_CODES = frozenset(
 )
 
 
-class _Attempts(dict):  # type: ignore[type-arg]
+class _Attempts(dict[int, tuple[HostStats, int]]):
     """The outstanding attempts of one ResponseFuture: ``id(host) -> (its HostStats, send
     time in ns)``. Usually one, more with speculative executions or a retry racing a late
     response.

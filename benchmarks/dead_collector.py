@@ -41,7 +41,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import OtlpConfig, TracingConfig
 from adaptive_lb.exporters import setup_tracing
-from adaptive_lb.sim.cluster import build_cluster
+from adaptive_lb.sim.driver_topology import build_cluster
 
 
 class NullExporter(SpanExporter):

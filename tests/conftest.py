@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adaptive_lb.sim.cluster import ClusterModel, build_cluster
+from adaptive_lb.sim.driver_topology import ClusterModel, build_cluster
 
 
 @pytest.fixture

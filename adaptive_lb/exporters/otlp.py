@@ -162,6 +162,7 @@ def setup_tracing(
     provider = TracerProvider(resource=resource)
     processor = CountingBatchSpanProcessor(exporter, max_queue_size=max_queue_size)
     provider.add_span_processor(processor)
+    # Handles for the caller, set on the SDK's own class (deliberately, see the docstring).
     provider.adaptive_lb_processor = processor  # type: ignore[attr-defined]
     provider.adaptive_lb_exporter = exporter  # type: ignore[attr-defined]
     return provider

@@ -1,7 +1,7 @@
 """The CQL test servers that ``adaptive-lb loadtest`` and the integration tests run against.
 
 "Peers" here means *test servers*, not the peer hosts of the health model (a host's
-datacenter peers) nor the peer algorithms of ``adaptive_lb.sim.baselines``. Modules:
+datacenter peers) nor the baseline policies of ``adaptive_lb.sim.baselines``. Modules:
 
 * ``jvm`` - the JVM harness shared by every Java test server: Maven Central fetch into a
   cache, one JVM process (log file, readiness, log tail, stop by PID).

@@ -1,1 +1,18 @@
-"""Simulation support: clusters made of the driver's real objects, without a network."""
+"""The discrete-event simulator behind ``adaptive-lb demo``: real policy objects, virtual time.
+
+Two views of one simulated cluster, kept apart by name:
+
+* :mod:`~adaptive_lb.sim.driver_topology` -- what the *driver* sees: real ``Metadata``,
+  ``Host`` objects and a Murmur3 ``TokenMap``, with no server behind them (also used by the
+  tests and benchmarks);
+* :mod:`~adaptive_lb.sim.servers` -- what *answers*: the simulated servers
+  (:mod:`~adaptive_lb.sim.node` each, :mod:`~adaptive_lb.sim.network` between them) and a
+  coordinator's work.
+
+Around them: :mod:`~adaptive_lb.sim.engine` (the event queue), :mod:`~adaptive_lb.sim.faults`,
+:mod:`~adaptive_lb.sim.workload` (the clients), :mod:`~adaptive_lb.sim.policies` (what is
+compared, with the :mod:`~adaptive_lb.sim.baselines` of other drivers),
+:mod:`~adaptive_lb.sim.runner`, :mod:`~adaptive_lb.sim.metrics`,
+:mod:`~adaptive_lb.sim.report`, :mod:`~adaptive_lb.sim.tracing` and
+:mod:`~adaptive_lb.sim.cli`; scenarios are read by :mod:`~adaptive_lb.sim.scenario`.
+"""

@@ -1,7 +1,10 @@
-"""Two peers' algorithms, re-implemented from their published descriptions, as driver
-``LoadBalancingPolicy`` subclasses that wrap a child (``TokenAwarePolicy(DCAware...)``)
-and learn from the simulator's completions (``sent`` / ``success`` / ``error`` /
-``timeout``, the simulator's :class:`~adaptive_lb.sim.workload.Feedback` protocol).
+"""The baseline policies: other drivers' adaptive load balancing, to compare against.
+
+Two algorithms of other drivers, re-implemented from their published descriptions (not
+their code), as driver ``LoadBalancingPolicy`` subclasses that wrap a child
+(``TokenAwarePolicy(DCAware...)``) and learn from the simulator's completions (``sent`` /
+``success`` / ``error`` / ``timeout``, the simulator's
+:class:`~adaptive_lb.sim.workload.Feedback` protocol).
 
 * :class:`LatencyAwarePolicy` -- the DataStax C++ driver's and scylla-rust-driver's
   latency awareness: a time-decayed average latency per host
@@ -38,8 +41,9 @@ __all__ = ["LatencyAwarePolicy", "SlowReplicaAvoidancePolicy"]
 _NS = 1_000_000_000
 
 
-class _Delegating(LoadBalancingPolicy):
-    """Delegates the driver contract to a child; subclasses reorder its plan."""
+class _BaselinePolicy(LoadBalancingPolicy):
+    """A baseline policy: delegates the driver contract to a child; subclasses reorder its
+    plan."""
 
     def __init__(self, child: LoadBalancingPolicy, clock: Clock) -> None:
         super().__init__()
@@ -70,7 +74,7 @@ class _Delegating(LoadBalancingPolicy):
         self.child.check_supported()
 
 
-class LatencyAwarePolicy(_Delegating):
+class LatencyAwarePolicy(_BaselinePolicy):
     """Time-decayed latency average per host; slow hosts moved to the end of the plan."""
 
     def __init__(
@@ -165,7 +169,7 @@ class LatencyAwarePolicy(_Delegating):
         yield from skipped
 
 
-class SlowReplicaAvoidancePolicy(_Delegating):
+class SlowReplicaAvoidancePolicy(_BaselinePolicy):
     """The Java driver 4 default policy's replica ordering (see the module docstring)."""
 
     MIN_IN_FLIGHT = 10

@@ -10,8 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 from adaptive_lb.sim.engine import NS_PER_S, Engine
-from adaptive_lb.sim.model import Node, SimCluster
+from adaptive_lb.sim.node import Node
 from adaptive_lb.sim.scenario import FaultSpec, Scenario
+from adaptive_lb.sim.servers import SimulatedServers
 
 __all__ = ["fault_windows", "install_faults", "node_named"]
 
@@ -47,14 +48,14 @@ def fault_windows(fault: FaultSpec, end_s: float) -> list[tuple[float, float]]:
 def install_faults(
     scenario: Scenario,
     engine: Engine,
-    cluster: SimCluster,
+    servers: SimulatedServers,
     notify_down: Callable[[Any], None],
     notify_up: Callable[[Any], None],
 ) -> None:
     """Attach every fault of ``scenario`` to its node and schedule the down/up events."""
     horizon = scenario.max_duration + 3600.0
     for fault in scenario.faults:
-        node = node_named(cluster.nodes, fault.node)
+        node = node_named(servers.nodes, fault.node)
         windows = fault_windows(fault, horizon)
         node.fault_windows.extend((_ns(a), _ns(b)) for a, b in windows)
         node.fault_windows.sort()
@@ -72,14 +73,14 @@ def install_faults(
         elif fault.kind == "busy":
             node.cpu_share.append((start, end, fault.utilization))
         elif fault.kind == "down":
-            _schedule_down(fault, node, engine, cluster, notify_down, notify_up, start, end)
+            _schedule_down(fault, node, engine, servers, notify_down, notify_up, start, end)
 
 
 def _schedule_down(
     fault: FaultSpec,
     node: Node,
     engine: Engine,
-    cluster: SimCluster,
+    servers: SimulatedServers,
     notify_down: Callable[[Any], None],
     notify_up: Callable[[Any], None],
     start: int,
@@ -89,7 +90,7 @@ def _schedule_down(
     host = node.host
 
     def kill(_: Any) -> None:
-        cluster.take_down(node)
+        servers.take_down(node)
 
     def seen_down(_: Any) -> None:
         host.set_down()

@@ -1,4 +1,6 @@
-"""The policies a simulation compares, built per client, with their feedback hooks.
+"""The policies a simulation compares, built per client, with their feedback hooks: the
+driver's stock policies, adaptive-lb, and two baseline policies of other drivers
+(:mod:`adaptive_lb.sim.baselines`).
 
 ========================  ==========================================================
 name                      policy objects (one set per simulated client)

@@ -109,8 +109,8 @@ def check_targets(report: ScenarioReport) -> list[TargetCheck]:
     def add(target: str, met: bool, detail: str) -> None:
         checks.append(TargetCheck(name, target, met, detail))
 
-    for peer in ("latency-aware", "slow-replica"):
-        other = report.by_policy(peer)
+    for baseline in ("latency-aware", "slow-replica"):
+        other = report.by_policy(baseline)
         if other is not None:
             o = other.summary
             add(

@@ -21,13 +21,15 @@ from typing import Any
 import attrs
 
 from adaptive_lb.clock import ManualClock
-from adaptive_lb.sim.cluster import build_cluster, murmur3_routing_keys
+from adaptive_lb.sim.driver_topology import DriverTopology, build_topology, murmur3_routing_keys
 from adaptive_lb.sim.engine import NS_PER_S, Engine
 from adaptive_lb.sim.faults import install_faults
 from adaptive_lb.sim.metrics import PolicyResult, Recorder
-from adaptive_lb.sim.model import Network, Node, SimCluster
+from adaptive_lb.sim.network import Network
+from adaptive_lb.sim.node import Node
 from adaptive_lb.sim.policies import LABELS, build_policy
 from adaptive_lb.sim.scenario import Scenario
+from adaptive_lb.sim.servers import SimulatedServers
 from adaptive_lb.sim.tracing import RequestTracer, TraceSpec, start_provider
 from adaptive_lb.sim.workload import Client, KeyChooser, LoadGenerator, make_statements
 
@@ -43,24 +45,32 @@ def _rng(seed: int, stream: str) -> random.Random:
 
 @attrs.define
 class SimulatedCluster:
-    """Everything of one run but the clients (exposed for tests)."""
+    """Everything of one run but the clients (exposed for tests): the driver's view of the
+    cluster and the simulated servers behind it, on one virtual clock."""
 
     engine: Engine
     clock: ManualClock
-    model: Any
+    topology: DriverTopology
+    """What the clients' policies see (real driver ``Metadata`` and ``Host`` objects)."""
     nodes: list[Node]
-    cluster: SimCluster
+    servers: SimulatedServers
+    """What answers the clients' requests."""
     statements: list[Any]
+
+    @property
+    def cluster(self) -> SimulatedServers:
+        """Old name of :attr:`servers` (kept: tests use it)."""
+        return self.servers
 
 
 def setup(scenario: Scenario, seed: int) -> SimulatedCluster:
-    """Build the engine, the driver metadata (real hosts, token map), nodes and network."""
+    """Build the engine, the driver topology (real hosts, token map), nodes and network."""
     clock = ManualClock(0)
     engine = Engine(clock)
     layout = {dc: list(zones.values()) for dc, zones in scenario.topology.datacenters.items()}
     replication = {dc: scenario.topology.rf(dc) for dc in scenario.topology.datacenters}
     replication = {dc: rf for dc, rf in replication.items() if rf > 0}
-    model = build_cluster(
+    topology = build_topology(
         layout,
         vnodes=scenario.topology.vnodes,
         replication=replication,
@@ -70,7 +80,7 @@ def setup(scenario: Scenario, seed: int) -> SimulatedCluster:
     # Racks are the zones: rename r1, r2... to the scenario's zone names.
     nodes: list[Node] = []
     for dc, zones in scenario.topology.datacenters.items():
-        hosts = iter(model.hosts_by_dc[dc])
+        hosts = iter(topology.hosts_by_dc[dc])
         for zone, count in zones.items():
             for i in range(count):
                 host = next(hosts)
@@ -87,18 +97,18 @@ def setup(scenario: Scenario, seed: int) -> SimulatedCluster:
                 )
                 nodes.append(node)
     if scenario.topology.tokens == "balanced":
-        _balance_tokens(scenario, model, nodes, _rng(seed, "tokens"))
-    model.rebuild_token_map()
+        _balance_tokens(scenario, topology, nodes, _rng(seed, "tokens"))
+    topology.rebuild_token_map()
     network = Network(scenario, _rng(seed, "network"))
     keys = murmur3_routing_keys(scenario.workload.keys.count, seed=seed)
     statements = make_statements(scenario, keys)
-    cluster = SimCluster(
-        scenario, engine, model, nodes, network, statements, _rng(seed, "coordinator")
-    )
-    return SimulatedCluster(engine, clock, model, nodes, cluster, statements)
+    servers = SimulatedServers(scenario, engine, topology, nodes, network, statements)
+    return SimulatedCluster(engine, clock, topology, nodes, servers, statements)
 
 
-def _balance_tokens(scenario: Scenario, model: Any, nodes: list[Node], rng: random.Random) -> None:
+def _balance_tokens(
+    scenario: Scenario, topology: DriverTopology, nodes: list[Node], rng: random.Random
+) -> None:
     """Evenly spaced tokens per datacenter, racks interleaved, each rack's nodes taking
     turns in a shuffled order: every node owns the same share of its rack's ranges."""
     vnodes = scenario.topology.vnodes
@@ -126,7 +136,7 @@ def _balance_tokens(scenario: Scenario, model: Any, nodes: list[Node], rng: rand
                 rng.shuffle(turns[zone])
             node = turns[zone].pop()
             tokens[node.host].append(str(-(2**63) + offset + j * step + step // 2))
-        model.tokens.update(tokens)
+        topology.tokens.update(tokens)
 
 
 def run_policy(
@@ -179,7 +189,7 @@ def _run_policy(
                 rng=policy_rng,
                 tracer_provider=provider,
             )
-            kit.policy.populate(sim.model.cluster, list(sim.model.hosts))
+            kit.policy.populate(sim.topology.cluster, list(sim.topology.hosts))
             kits.append(kit)
             clients.append(
                 Client(
@@ -187,7 +197,7 @@ def _run_policy(
                     zone,
                     kit.policy,
                     kit.feedback,
-                    sim.cluster,
+                    sim.servers,
                     sim.statements,
                     recorder,
                     scenario.workload,
@@ -217,7 +227,7 @@ def _run_policy(
         for client in clients:
             client.tracer = tracer
 
-    install_faults(scenario, engine, sim.cluster, notify_down, notify_up)
+    install_faults(scenario, engine, sim.servers, notify_down, notify_up)
     generator = LoadGenerator(
         scenario,
         engine,

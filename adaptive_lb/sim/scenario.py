@@ -1,8 +1,10 @@
 """Scenario files: what cluster, network, workload and faults a simulation runs.
 
 A scenario is YAML (``adaptive_lb/data/scenarios/*.yaml``) mapped onto the frozen attrs
-classes below and validated like the main config: every problem is reported at once, each
-with its key path, in one :class:`adaptive_lb.config.ConfigError`::
+classes below and read with the main config's toolkit (:mod:`adaptive_lb.config`): the same
+hardened YAML loader and limits, the same validators, every problem reported at once, each
+as ``path.to.key: reason (line N)`` with the closest valid key for an unknown one, in one
+:class:`adaptive_lb.config.ConfigError`::
 
     name: slow-coordinator
     requests: 30000
@@ -22,15 +24,18 @@ start of the run, latencies microseconds (``_us``) or milliseconds (``_ms``).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import attrs
-import yaml
 from attrs import define, field
 
-from adaptive_lb.config import Config, ConfigError
+from adaptive_lb.config import Config
+from adaptive_lb.config import validation as check
+from adaptive_lb.config.errors import show
+from adaptive_lb.config.loader import load_document
+from adaptive_lb.config.safe_yaml import read_text
+from adaptive_lb.config.structure import structure
+from adaptive_lb.sim import scenario_checks
 
 __all__ = [
     "CONSISTENCY_LEVELS",
@@ -62,129 +67,19 @@ POLICY_NAMES = ("token-aware", "round-robin", "adaptive", "latency-aware", "slow
 """Policies the simulator knows (see :mod:`adaptive_lb.sim.policies`)."""
 
 
-# ---------------------------------------------------------------------------- validators
-
-
-def _number(instance: Any, attribute: Any, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"must be a number, got {value!r}")
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"must be a finite number, got {value!r}")
-
-
-def _integer(instance: Any, attribute: Any, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"must be an integer, got {value!r}")
-
-
-def _ge(bound: float):
-    def check(instance: Any, attribute: Any, value: Any) -> None:
-        if not value >= bound:
-            raise ValueError(f"must be >= {bound}, got {value!r}")
-
-    return check
-
-
-def _gt(bound: float):
-    def check(instance: Any, attribute: Any, value: Any) -> None:
-        if not value > bound:
-            raise ValueError(f"must be > {bound}, got {value!r}")
-
-    return check
-
-
-def _le(bound: float):
-    def check(instance: Any, attribute: Any, value: Any) -> None:
-        if not value <= bound:
-            raise ValueError(f"must be <= {bound}, got {value!r}")
-
-    return check
-
-
-def _one_of(choices: tuple[str, ...]):
-    def check(instance: Any, attribute: Any, value: Any) -> None:
-        if value not in choices:
-            raise ValueError(f"must be one of {', '.join(choices)}; got {value!r}")
-
-    return check
-
-
-def _string(instance: Any, attribute: Any, value: Any) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"must be a string, got {value!r}")
-
-
-def _optional(*checks: Any):
-    def check(instance: Any, attribute: Any, value: Any) -> None:
-        if value is not None:
-            for c in checks:
-                c(instance, attribute, value)
-
-    return check
-
-
-def _datacenters(instance: Any, attribute: Any, value: Any) -> None:
-    if not isinstance(value, Mapping) or not value:
-        raise TypeError(f"must map datacenter names to {{zone: nodes}}, got {value!r}")
-    for dc, zones in value.items():
-        if not isinstance(zones, Mapping) or not zones:
-            raise TypeError(f"{dc}: must map zone names to node counts, got {zones!r}")
-        for zone, count in zones.items():
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise ValueError(f"{dc}.{zone}: must be an integer >= 1, got {count!r}")
-
-
-def _replication(instance: Any, attribute: Any, value: Any) -> None:
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 1:
-            raise ValueError(f"must be >= 1, got {value!r}")
-        return
-    if not isinstance(value, Mapping):
-        raise TypeError(f"must be an RF or a {{datacenter: RF}} mapping, got {value!r}")
-    for dc, rf in value.items():
-        if isinstance(rf, bool) or not isinstance(rf, int) or rf < 1:
-            raise ValueError(f"{dc}: must be an integer >= 1, got {rf!r}")
-
-
-def _matrix(instance: Any, attribute: Any, value: Any) -> None:
-    if value is None:
-        return
-    if not isinstance(value, Mapping):
-        raise TypeError(f"must map zone -> zone -> microseconds, got {value!r}")
-    for src, row in value.items():
-        if not isinstance(row, Mapping):
-            raise TypeError(f"{src}: must map zone -> microseconds, got {row!r}")
-        for dst, us in row.items():
-            if isinstance(us, bool) or not isinstance(us, (int, float)) or us < 0:
-                raise ValueError(f"{src}.{dst}: must be a number >= 0, got {us!r}")
-
-
-def _policies(instance: Any, attribute: Any, value: Any) -> None:
-    if not isinstance(value, (list, tuple)) or not value:
-        raise TypeError(f"must be a non-empty list of policy names, got {value!r}")
-    for name in value:
-        if name not in POLICY_NAMES:
-            raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
-    if len(set(value)) != len(value):
-        raise ValueError(f"lists a policy twice: {value!r}")
-
-
-# ---------------------------------------------------------------------------- classes
-
-
 @define(frozen=True, slots=True)
 class TopologySpec:
     """Datacenters -> zones (racks) -> node counts, and the keyspace's replication."""
 
     datacenters: dict[str, dict[str, int]] = field(
-        factory=lambda: {"dc1": {"A": 4, "B": 4, "C": 4}}, validator=_datacenters
+        factory=lambda: {"dc1": {"A": 4, "B": 4, "C": 4}}, validator=scenario_checks.datacenters
     )
     """``{dc: {zone: nodes}}``; zone names are unique across datacenters."""
-    replication: int | dict[str, int] = field(default=3, validator=_replication)
+    replication: int | dict[str, int] = field(default=3, validator=scenario_checks.replication)
     """RF in every datacenter, or ``{dc: RF}`` (NetworkTopologyStrategy)."""
-    vnodes: int = field(default=16, validator=[_integer, _ge(1), _le(256)])
+    vnodes: int = field(default=16, validator=[check.integer, check.ge(1), check.le(256)])
     """Tokens per node."""
-    tokens: str = field(default="balanced", validator=_one_of(("balanced", "random")))
+    tokens: str = field(default="balanced", validator=check.one_of("balanced", "random"))
     """``balanced``: evenly spaced tokens, racks interleaved, so every node owns the same
     share of each rack's ranges (as Cassandra 4's token allocator and Scylla's many vnodes
     come close to); ``random``: random tokens (uneven ownership)."""
@@ -201,11 +96,13 @@ class TopologySpec:
 class NetworkSpec:
     """One-way latency between zones, with jitter."""
 
-    latency_us: dict[str, dict[str, float]] | None = field(default=None, validator=_matrix)
+    latency_us: dict[str, dict[str, float]] | None = field(
+        default=None, validator=scenario_checks.latency_matrix
+    )
     """``{from_zone: {to_zone: us}}``; default :data:`DEFAULT_LATENCY_US` (zones A, B, C)."""
-    jitter: float = field(default=0.15, validator=[_number, _ge(0.0), _le(2.0)])
+    jitter: float = field(default=0.15, validator=[check.number, check.ge(0.0), check.le(2.0)])
     """Sigma of the lognormal factor each message's latency is multiplied by (0: exact)."""
-    inter_dc_us: float = field(default=20_000.0, validator=[_number, _ge(0.0)])
+    inter_dc_us: float = field(default=20_000.0, validator=[check.number, check.ge(0.0)])
     """One-way latency between zones of different datacenters (when not in the matrix)."""
 
     def matrix(self) -> dict[str, dict[str, float]]:
@@ -217,15 +114,19 @@ class NetworkSpec:
 class NodesSpec:
     """Every node's capacity and speed (faults change one node's)."""
 
-    workers: int = field(default=8, validator=[_integer, _ge(1), _le(1024)])
+    workers: int = field(default=8, validator=[check.integer, check.ge(1), check.le(1024)])
     """Concurrency limit: tasks served at once; more wait in a FIFO queue."""
-    service_median_us: float = field(default=300.0, validator=[_number, _gt(0.0)])
+    service_median_us: float = field(default=300.0, validator=[check.number, check.gt(0.0)])
     """Median service time of a replica read (lognormal)."""
-    service_sigma: float = field(default=0.5, validator=[_number, _ge(0.0), _le(3.0)])
+    service_sigma: float = field(
+        default=0.5, validator=[check.number, check.ge(0.0), check.le(3.0)]
+    )
     """Sigma of the lognormal service time."""
-    coordinator_us: float = field(default=40.0, validator=[_number, _ge(0.0)])
+    coordinator_us: float = field(default=40.0, validator=[check.number, check.ge(0.0)])
     """Work of coordinating one request (parse, route, reply), on the same workers."""
-    max_queue: int | None = field(default=None, validator=_optional(_integer, _ge(0)))
+    max_queue: int | None = field(
+        default=None, validator=check.optional(check.integer, check.ge(0))
+    )
     """Queued tasks beyond which a coordinator sheds new requests (Overloaded, a fast
     error); None: unbounded."""
 
@@ -234,35 +135,39 @@ class NodesSpec:
 class KeysSpec:
     """Which partitions the requests read."""
 
-    count: int = field(default=10_000, validator=[_integer, _ge(1), _le(10_000_000)])
-    distribution: str = field(default="uniform", validator=_one_of(("uniform", "zipf")))
-    zipf_exponent: float = field(default=1.1, validator=[_number, _gt(0.0), _le(5.0)])
+    count: int = field(default=10_000, validator=[check.integer, check.ge(1), check.le(10_000_000)])
+    distribution: str = field(default="uniform", validator=check.one_of("uniform", "zipf"))
+    zipf_exponent: float = field(
+        default=1.1, validator=[check.number, check.gt(0.0), check.le(5.0)]
+    )
 
 
 @define(frozen=True, slots=True)
 class WorkloadSpec:
     """The clients: where they run, how they send, at what consistency."""
 
-    consistency: str = field(default="LOCAL_ONE", validator=_one_of(CONSISTENCY_LEVELS))
-    mode: str = field(default="closed", validator=_one_of(("closed", "open")))
+    consistency: str = field(default="LOCAL_ONE", validator=check.one_of(*CONSISTENCY_LEVELS))
+    mode: str = field(default="closed", validator=check.one_of("closed", "open"))
     """``closed``: each client keeps ``concurrency`` requests outstanding; ``open``: Poisson
     arrivals at ``rate`` (total), whatever the latency."""
-    datacenter: str | None = field(default=None, validator=_optional(_string))
+    datacenter: str | None = field(default=None, validator=check.optional_string)
     """The clients' datacenter (default: the first)."""
-    zones: list[str] | None = field(default=None)
+    zones: list[str] | None = field(default=None, validator=scenario_checks.names())
     """Zones with clients (default: every zone of the clients' datacenter)."""
-    clients_per_zone: int = field(default=2, validator=[_integer, _ge(1), _le(64)])
+    clients_per_zone: int = field(default=2, validator=[check.integer, check.ge(1), check.le(64)])
     """Application instances per zone, each with its own driver policy objects."""
-    concurrency: int = field(default=4, validator=[_integer, _ge(1), _le(4096)])
+    concurrency: int = field(default=4, validator=[check.integer, check.ge(1), check.le(4096)])
     """Closed loop: requests each client keeps outstanding."""
-    think_time_us: float = field(default=0.0, validator=[_number, _ge(0.0)])
+    think_time_us: float = field(default=0.0, validator=[check.number, check.ge(0.0)])
     """Closed loop: mean pause (exponential) between a response and the next request."""
-    rate: float = field(default=3000.0, validator=[_number, _gt(0.0)])
+    rate: float = field(default=3000.0, validator=[check.number, check.gt(0.0)])
     """Open loop: requests per second from all clients together."""
     keys: KeysSpec = field(factory=KeysSpec)
-    request_timeout: float = field(default=2.0, validator=[_number, _gt(0.0)])
+    request_timeout: float = field(default=2.0, validator=[check.number, check.gt(0.0)])
     """Client-side timeout, seconds (the attempt is released as a timeout; no retry)."""
-    max_attempts: int | None = field(default=None, validator=_optional(_integer, _ge(1)))
+    max_attempts: int | None = field(
+        default=None, validator=check.optional(check.integer, check.ge(1))
+    )
     """Attempts per request on fast errors (next host of the plan); None: the whole plan."""
 
 
@@ -270,55 +175,61 @@ class WorkloadSpec:
 class FaultSpec:
     """One fault on one node, active from ``start`` to ``end`` (None: the end of the run)."""
 
-    kind: str = field(validator=_one_of(FAULT_KINDS))
+    kind: str = field(validator=check.one_of(*FAULT_KINDS))
     """``slow`` (+``extra_ms`` per task), ``pause`` (no progress for ``pause_s`` every
     ``period_s``), ``down`` (down at start, back at end, cold for ``warmup_s``),
     ``errors`` / ``timeouts`` (``fraction`` of requests answered with a fast error / never
     answered), ``busy`` (another tenant's load using ``utilization`` of its CPU: under processor
     sharing our tasks take 1 / (1 - utilization) as long)."""
-    node: str = field(validator=_string)
+    node: str = field(validator=check.string)
     """``ZONE/INDEX``, e.g. ``A/0``."""
-    start: float = field(default=0.0, validator=[_number, _ge(0.0)])
-    end: float | None = field(default=None, validator=_optional(_number, _ge(0.0)))
-    extra_ms: float = field(default=10.0, validator=[_number, _ge(0.0)])
-    pause_s: float = field(default=20.0, validator=[_number, _gt(0.0)])
-    period_s: float = field(default=50.0, validator=[_number, _gt(0.0)])
-    fraction: float = field(default=1.0, validator=[_number, _ge(0.0), _le(1.0)])
-    utilization: float = field(default=0.7, validator=[_number, _ge(0.0), _le(0.95)])
-    warmup_s: float = field(default=0.0, validator=[_number, _ge(0.0)])
+    start: float = field(default=0.0, validator=[check.number, check.ge(0.0)])
+    end: float | None = field(default=None, validator=check.optional(check.number, check.ge(0.0)))
+    extra_ms: float = field(default=10.0, validator=[check.number, check.ge(0.0)])
+    pause_s: float = field(default=20.0, validator=[check.number, check.gt(0.0)])
+    period_s: float = field(default=50.0, validator=[check.number, check.gt(0.0)])
+    fraction: float = field(default=1.0, validator=[check.number, check.ge(0.0), check.le(1.0)])
+    utilization: float = field(default=0.7, validator=[check.number, check.ge(0.0), check.le(0.95)])
+    warmup_s: float = field(default=0.0, validator=[check.number, check.ge(0.0)])
     """``down``: seconds after its return over which the node's service time goes from
     ``warmup_factor`` x to normal (cold caches)."""
-    warmup_factor: float = field(default=1.0, validator=[_number, _ge(1.0)])
-    detection_s: float = field(default=0.0, validator=[_number, _ge(0.0)])
+    warmup_factor: float = field(default=1.0, validator=[check.number, check.ge(1.0)])
+    detection_s: float = field(default=0.0, validator=[check.number, check.ge(0.0)])
     """``down``: delay before the driver sees the node down / up (on_down / on_up)."""
 
     def __attrs_post_init__(self) -> None:
         if self.end is not None and self.end <= self.start:
-            raise ValueError(f"end ({self.end}) must be after start ({self.start})")
+            raise ValueError(f"end: must be > start ({show(self.start)}), got {show(self.end)}")
         if self.kind == "pause" and self.pause_s >= self.period_s:
-            raise ValueError(f"pause_s ({self.pause_s}) must be < period_s ({self.period_s})")
+            raise ValueError(
+                f"pause_s: must be < period_s ({show(self.period_s)}), got {show(self.pause_s)}"
+            )
 
 
 @define(frozen=True, slots=True)
 class Scenario:
     """A whole simulation: cluster, network, nodes, workload, faults, policies compared."""
 
-    name: str = field(validator=_string)
-    description: str = field(default="", validator=_string)
-    seed: int = field(default=1, validator=_integer)
-    requests: int = field(default=30_000, validator=[_integer, _ge(1), _le(100_000_000)])
+    name: str = field(validator=check.string)
+    description: str = field(default="", validator=check.string)
+    seed: int = field(default=1, validator=check.integer)
+    requests: int = field(
+        default=30_000, validator=[check.integer, check.ge(1), check.le(100_000_000)]
+    )
     """Measured requests per policy (issued after ``warmup``)."""
-    warmup: float = field(default=0.5, validator=[_number, _ge(0.0)])
+    warmup: float = field(default=0.5, validator=[check.number, check.ge(0.0)])
     """Virtual seconds at the start whose requests are not measured."""
-    max_duration: float = field(default=600.0, validator=[_number, _gt(0.0)])
+    max_duration: float = field(default=600.0, validator=[check.number, check.gt(0.0)])
     """No request is issued after this many virtual seconds."""
     topology: TopologySpec = field(factory=TopologySpec)
     network: NetworkSpec = field(factory=NetworkSpec)
     nodes: NodesSpec = field(factory=NodesSpec)
     workload: WorkloadSpec = field(factory=WorkloadSpec)
     faults: list[FaultSpec] = field(factory=list, metadata={"list_of": FaultSpec})
-    policies: list[str] = field(factory=lambda: list(POLICY_NAMES), validator=_policies)
-    adaptive_lb: Config = field(factory=Config, metadata={"config": True})
+    policies: list[str] = field(
+        factory=lambda: list(POLICY_NAMES), validator=scenario_checks.names(POLICY_NAMES)
+    )
+    adaptive_lb: Config = field(factory=Config)
     """adaptive-lb's own config for this scenario (same keys as the main YAML file)."""
 
     @property
@@ -338,166 +249,24 @@ class Scenario:
         return {z: dc for dc, zones in self.topology.datacenters.items() for z in zones}
 
 
-# ---------------------------------------------------------------------------- loading
-
-
-def _reason(exc: BaseException, name: str) -> str:
-    text = str(exc)
-    for prefix in (f"{name}: ", f"'{name}' "):
-        if text.startswith(prefix):
-            return text[len(prefix) :]
-    return text
-
-
-def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
-    """Build attrs class ``cls`` from ``data``; append every problem to ``errors``."""
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        errors.append(f"{path or '<top>'}: must be a mapping, got {data!r}")
-        return None
-    attrs.resolve_types(cls)
-    fields = {f.name: f for f in attrs.fields(cls)}
-    prefix = f"{path}." if path else ""
-    for key in data:
-        if key not in fields:
-            errors.append(f"{prefix}{key}: unknown key (known: {', '.join(fields)})")
-    kwargs: dict[str, Any] = {}
-    ok = True
-    for name, fld in fields.items():
-        if name not in data:
-            if fld.default is attrs.NOTHING:
-                errors.append(f"{prefix}{name}: required")
-                ok = False
-            continue
-        value = data[name]
-        where = f"{prefix}{name}"
-        if fld.metadata.get("config"):
-            value = _build_config(value, where, errors)
-            ok = ok and value is not None
-        elif "list_of" in fld.metadata:
-            if not isinstance(value, list):
-                errors.append(f"{where}: must be a list, got {value!r}")
-                ok = False
-                continue
-            items = [
-                _build(fld.metadata["list_of"], item, f"{where}[{i}]", errors)
-                for i, item in enumerate(value)
-            ]
-            value = items
-            ok = ok and all(item is not None for item in items)
-        elif isinstance(fld.type, type) and attrs.has(fld.type):
-            value = _build(fld.type, value, where, errors)
-            ok = ok and value is not None
-        elif fld.validator is not None:
-            try:
-                fld.validator(None, fld, value)
-            except (TypeError, ValueError) as exc:
-                errors.append(f"{where}: {_reason(exc, name)}")
-                ok = False
-                continue
-        kwargs[name] = value
-    if not ok:
-        return None
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as exc:
-        errors.append(f"{path or '<top>'}: {exc}")
-        return None
-
-
-def _build_config(data: Any, path: str, errors: list[str]) -> Config | None:
-    """adaptive-lb's own config: through :mod:`adaptive_lb.config`'s loader when it has
-    one (``config_from_mapping``), else with this module's structured loader."""
-    from adaptive_lb import config as config_module
-
-    from_mapping = getattr(config_module, "config_from_mapping", None)
-    if from_mapping is not None:
-        try:
-            return from_mapping(data or {})
-        except ConfigError as exc:
-            errors.extend(f"{path}.{e}" for e in exc.errors)
-            return None
-    return _build(Config, data, path, errors)
-
-
-def _cross_checks(scenario: Scenario, errors: list[str]) -> None:
-    zones = scenario.zones()
-    seen: dict[str, str] = {}
-    for dc, dc_zones in scenario.topology.datacenters.items():
-        for zone in dc_zones:
-            if zone in seen:
-                errors.append(f"topology.datacenters.{dc}.{zone}: zone also in {seen[zone]}")
-            seen[zone] = dc
-    replication = scenario.topology.replication
-    if isinstance(replication, Mapping):
-        for dc in replication:
-            if dc not in scenario.topology.datacenters:
-                errors.append(f"topology.replication.{dc}: unknown datacenter")
-    matrix = scenario.network.matrix()
-    for src in zones:
-        for dst in zones:
-            if zones[src] == zones[dst] and dst not in matrix.get(src, {}):
-                errors.append(f"network.latency_us.{src}.{dst}: missing (zones of one DC)")
-    for src, row in matrix.items():
-        if src not in zones:
-            errors.append(f"network.latency_us.{src}: unknown zone")
-        for dst in row:
-            if dst not in zones:
-                errors.append(f"network.latency_us.{src}.{dst}: unknown zone")
-    workload = scenario.workload
-    if workload.datacenter is not None and workload.datacenter not in scenario.topology.datacenters:
-        errors.append(f"workload.datacenter: unknown datacenter {workload.datacenter!r}")
-    elif workload.zones is not None:
-        if not isinstance(workload.zones, list) or not workload.zones:
-            errors.append(f"workload.zones: must be a non-empty list, got {workload.zones!r}")
-        else:
-            for i, zone in enumerate(workload.zones):
-                if zones.get(zone) != scenario.client_datacenter:
-                    errors.append(
-                        f"workload.zones[{i}]: {zone!r} is not a zone of "
-                        f"{scenario.client_datacenter}"
-                    )
-    if scenario.topology.rf(scenario.client_datacenter) < 1:
-        errors.append(
-            f"topology.replication: no replica in the clients' datacenter "
-            f"{scenario.client_datacenter}"
-        )
-    for i, fault in enumerate(scenario.faults):
-        zone, _, index = fault.node.partition("/")
-        dc = zones.get(zone)
-        if dc is None or not index.isdigit():
-            errors.append(f"faults[{i}].node: {fault.node!r} is not ZONE/INDEX of a known zone")
-        elif int(index) >= scenario.topology.datacenters[dc][zone]:
-            errors.append(
-                f"faults[{i}].node: zone {zone} has {scenario.topology.datacenters[dc][zone]} "
-                f"nodes (0-based index), got {index}"
-            )
+SECRET_KEYS = check.flagged_paths(Scenario, "secret")
+"""Key paths of the secrets in a scenario (those of its ``adaptive_lb`` config)."""
 
 
 def parse_scenario(data: Any, *, source: str | None = None) -> Scenario:
     """A :class:`Scenario` from parsed YAML; :class:`ConfigError` lists every problem."""
-    errors: list[str] = []
-    scenario = _build(Scenario, data, "", errors)
-    if scenario is not None:
-        _cross_checks(scenario, errors)
-    if errors or scenario is None:
-        raise ConfigError(errors or ["invalid scenario"], source=source)
-    return scenario
+    return structure(
+        Scenario, data, source, secret_keys=SECRET_KEYS, check=scenario_checks.cross_checks
+    )
 
 
 def load_scenario(path: str | os.PathLike[str]) -> Scenario:
-    """Read and validate one scenario file."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc}", source=source) from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML: {exc}", source=source) from exc
-    return parse_scenario(data, source=source)
+    """Read and validate one scenario file (as the config file is read: same limits, every
+    problem with its key path and line)."""
+    text = read_text(path)
+    return load_document(
+        Scenario, text, os.fspath(path), secret_keys=SECRET_KEYS, check=scenario_checks.cross_checks
+    )
 
 
 def scenario_dir() -> Path | None:

@@ -29,8 +29,9 @@ from cassandra import ConsistencyLevel
 from cassandra.query import SimpleStatement
 
 from adaptive_lb.sim.engine import NS_PER_S, Engine
-from adaptive_lb.sim.model import OK, Node, SimCluster
+from adaptive_lb.sim.node import Node
 from adaptive_lb.sim.scenario import KeysSpec, Scenario, WorkloadSpec
+from adaptive_lb.sim.servers import OK, SimulatedServers
 
 __all__ = [
     "FAILED",
@@ -152,7 +153,6 @@ class Client:
 
     __slots__ = (
         "_timeout_ns",
-        "cluster",
         "engine",
         "feedback",
         "generator",
@@ -161,6 +161,7 @@ class Client:
         "name",
         "policy",
         "recorder",
+        "servers",
         "statements",
         "tracer",
         "zone",
@@ -172,7 +173,7 @@ class Client:
         zone: str,
         policy: Any,
         feedback: Feedback,
-        cluster: SimCluster,
+        servers: SimulatedServers,
         statements: list[SimpleStatement],
         recorder: Any,
         workload: WorkloadSpec,
@@ -181,8 +182,8 @@ class Client:
         self.zone = zone
         self.policy = policy
         self.feedback = feedback
-        self.cluster = cluster
-        self.engine: Engine = cluster.engine
+        self.servers = servers
+        self.engine: Engine = servers.engine
         self.statements = statements
         self.recorder = recorder
         self.keyspace = "ks"
@@ -211,7 +212,7 @@ class Client:
             self._finish(request, FAILED)
             return
         engine = self.engine
-        node = self.cluster.node_of(host)
+        node = self.servers.node_of(host)
         self.feedback.sent(host)
         attempt = Attempt(request, node, engine.now)
         request.current = attempt
@@ -220,8 +221,8 @@ class Client:
             request.crossed = True
         if request.measured:
             self.recorder.attempt(engine.now, node)
-        delay = self.cluster.network.delay(self.zone, node.zone)
-        engine.at(engine.now + delay, self.cluster.arrive, attempt)
+        delay = self.servers.network.delay(self.zone, node.zone)
+        engine.at(engine.now + delay, self.servers.arrive, attempt)
 
     def on_reply(self, token: tuple[Attempt, int]) -> None:
         """The coordinator's answer to ``attempt`` arrives."""

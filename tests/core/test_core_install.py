@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import TracingConfig, load_config
 from adaptive_lb.exporters import register_otel_metrics, start_prometheus_server
-from adaptive_lb.sim.cluster import build_cluster, murmur3_routing_keys
+from adaptive_lb.sim.driver_topology import build_topology, murmur3_routing_keys
 from adaptive_lb.tracking import _Attempts
 
 CORE_ONLY = os.environ.get("ADAPTIVE_LB_CORE_ONLY") == "1"
@@ -83,7 +83,7 @@ def loaded_optional(code: str) -> list[str]:
 def model():
     """A real driver topology: a ``Cluster`` (never connected), its ``Metadata`` and token
     map, 6 hosts over 3 racks."""
-    model = build_cluster({"dc1": [2, 2, 2]}, seed=11)
+    model = build_topology({"dc1": [2, 2, 2]}, seed=11)
     yield model
     model.shutdown()
 

@@ -54,7 +54,7 @@ def test_paired_rounds_time_every_policy_and_take_ratios_per_round():
 def test_scale_compares_two_sizes_in_the_same_rounds():
     from cassandra.query import SimpleStatement
 
-    from adaptive_lb.sim.cluster import build_cluster, murmur3_routing_keys
+    from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
 
     statements = [
         SimpleStatement("SELECT v FROM ks.t WHERE k = ?", routing_key=key, keyspace="ks")
@@ -84,7 +84,7 @@ def test_the_floor_yields_the_first_local_replica_of_each_key():
 
     from cassandra.query import SimpleStatement
 
-    from adaptive_lb.sim.cluster import build_cluster, murmur3_routing_keys
+    from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
 
     path = Path(__file__).parents[2] / "benchmarks" / "plan_floor.py"
     spec = importlib.util.spec_from_file_location("plan_floor", path)

@@ -1,4 +1,4 @@
-"""``adaptive-lb config validate|show|schema``."""
+"""``adaptive-lb config validate|show|schema|default``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from adaptive_lb.cli import build_parser, main
-from adaptive_lb.config import Config, json_schema, load_config, parse_config
+from adaptive_lb.config import (
+    Config,
+    json_schema,
+    load_config,
+    parse_config,
+    render_default_yaml,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config" / "examples" / "low-latency-local-one.yaml"
@@ -79,6 +85,14 @@ def test_schema_is_json(capsys):
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema["properties"]["policy"]["additionalProperties"] is False
     assert schema["properties"]["policy"]["properties"]["sample_size"]["maximum"] == 64
+
+
+def test_default_prints_the_generated_default_yaml(capsys):
+    assert main(["config", "default"]) == 0
+    out = capsys.readouterr().out
+    assert out == render_default_yaml()
+    assert out == (ROOT / "config" / "default.yaml").read_text(encoding="utf-8")
+    assert parse_config(out) == Config()
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from adaptive_lb.config import ConfigError
 from adaptive_lb.sim.cli import DEMO_SCENARIOS, main
 from adaptive_lb.sim.engine import Engine
 from adaptive_lb.sim.metrics import Recorder
-from adaptive_lb.sim.model import Node
+from adaptive_lb.sim.node import Node
 from adaptive_lb.sim.policies import NoFeedback
 from adaptive_lb.sim.report import ScenarioReport, to_json
 from adaptive_lb.sim.runner import run_policy, setup
@@ -214,6 +214,73 @@ def test_bad_scenario_reports_every_error_with_its_key_path() -> None:
     assert str(info.value).startswith("bad.yaml: ")
     with pytest.raises(ConfigError, match=r"faults\[0\]\.node"):
         parse_scenario({"name": "bad", "faults": [{"kind": "slow", "node": "Z/9"}]})
+
+
+def test_scenario_files_are_read_like_the_config_file(tmp_path: Path) -> None:
+    """The config's loader: key paths with lines, suggestions, duplicates, its limits."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "name: bad\n"
+        "nodes: {workerz: 8}\n"
+        "topology:\n"
+        "  datacenters: {dc1: {A: 4, B: 0}}\n"
+        "faults:\n"
+        "  - {kind: pause, node: A/1, pause_s: 60}\n"
+        "  - kind: slow\n"
+        "policies: [adaptive, nope]\n"
+        "adaptive_lb:\n"
+        "  health: {outlier_factor: 0.5}\n"
+        "  tracing: {otlp: {headers: {Authorization: [Bearer Zq9xK2mW]}}}\n"
+        "name: again\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_scenario(path)
+    assert str(info.value).startswith(f"{path}: 8 errors:")
+    assert info.value.errors[0] == "name: duplicate key (line 12, first on line 1)"
+    assert info.value.errors[1].startswith(
+        "nodes.workerz: unknown key; did you mean 'workers'? (valid keys: coordinator_us, "
+    )
+    assert info.value.errors[2:] == [
+        "topology.datacenters.dc1.B: must be an integer >= 1, got 0 (line 4)",
+        "faults[0].pause_s: must be < period_s (50), got 60 (line 6)",
+        "faults[1].node: required (line 7)",
+        "policies[1]: must be one of token-aware, round-robin, adaptive, latency-aware, "
+        "slow-replica, got 'nope' (line 8)",
+        "adaptive_lb.health.outlier_factor: must be > 1, got 0.5 (line 10)",
+        "adaptive_lb.tracing.otlp.headers: must be a mapping of strings to strings, got "
+        "'Authorization': a list (value hidden) (line 11)",
+    ]
+    assert "Zq9xK2mW" not in str(info.value)
+    for text, words in [
+        ("name: x\nfaults: !!python/object/apply:os.system ['true']\n", "only plain YAML"),
+        ("name: x\nseed: " + "[" * 20 + "]" * 20 + "\n", "nested deeper than 16 levels"),
+        ("name: x\nnodes: {workers: 8.5}\n", "must be an integer, got a number with a fraction"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=words):
+            load_scenario(path)
+    path.write_text("# " + "x" * (2 * 1024 * 1024))
+    with pytest.raises(ConfigError, match="more than 1024 KiB: not a config file"):
+        load_scenario(path)
+
+
+def test_checks_across_scenario_keys_name_the_key() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_scenario(
+            {
+                "name": "bad",
+                "topology": {"datacenters": {"dc1": {"A": 4}, "dc2": {"A": 3}}},
+                "network": {"latency_us": {"A": {"A": 100}}},
+                "workload": {"datacenter": "dc9"},
+                "faults": [{"kind": "slow", "node": "A/9"}, {"kind": "slow", "node": "x"}],
+            }
+        )
+    assert info.value.errors == [
+        "topology.datacenters.dc2.A: zone also in dc1",
+        "workload.datacenter: unknown datacenter 'dc9'",
+        "faults[0].node: zone A has 3 nodes (0-based index), got 9",
+        "faults[1].node: 'x' is not ZONE/INDEX of a known zone",
+    ]
 
 
 def test_simulate_command_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import PrivacyConfig, TracingConfig
-from adaptive_lb.sim.cluster import build_cluster, murmur3_routing_keys
+from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
 from adaptive_lb.tracing import EVENT_NAME, SPAN_NAME, current_recording_span
 
 SENTINEL_KEY = b"\xde\xad\xbe\xef\x5e\x71\x11\x01"

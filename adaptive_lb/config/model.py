@@ -1,0 +1,228 @@
+"""The settings of adaptive-lb: frozen attrs classes, one per section of the YAML file.
+
+Every value is validated at construction (:mod:`.validation`), so an object that exists is
+a valid config. Durations are stored in seconds (float). The docstring under each field is
+its documentation: the JSON Schema's descriptions and the comments of
+``config/default.yaml`` are generated from it (:mod:`.schema`, :mod:`.defaults`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from attrs import define, field
+
+from adaptive_lb.config.errors import show
+from adaptive_lb.config.structure import config_to_mapping
+from adaptive_lb.config.validation import (
+    boolean,
+    duration,
+    flagged_paths,
+    ge,
+    gt,
+    integer,
+    le,
+    number,
+    one_of,
+    optional_string,
+    string,
+    string_map,
+)
+
+
+@define(frozen=True, slots=True)
+class PolicyConfig:
+    """How the candidate list is built and scored (the weighted least-loaded ordering):
+    the live local replicas of the routing key, then random live local hosts, each scored
+    by its in-flight requests times its penalties."""
+
+    sample_size: int = field(default=8, validator=[integer, ge(1), le(64)])
+    """Most candidates scored per plan: replicas first, then random local hosts."""
+    non_local_rack_penalty: float = field(default=4.0, validator=[number, ge(1.0)])
+    """Score multiplier for a host outside the local rack (only when a local rack is known:
+    ``local_rack`` below, or the child policy's, e.g. RackAwareRoundRobinPolicy)."""
+    rack_proximity_cap: float = field(default=4.0, validator=[number, ge(1.0), le(100.0)])
+    """Most a remote rack's penalty is multiplied by for being farther than the nearest
+    remote rack. Remote racks are not all alike: at each health refresh the median p50
+    latency of each remote rack's hosts is divided by the nearest remote rack's, and the
+    rack's penalty is multiplied by that ratio, at most this much (a rack 2.4x as far costs
+    2.4x more). Racks without ``health.min_samples`` keep their last factor. 1 turns
+    proximity off."""
+    non_replica_penalty: float = field(default=12.0, validator=[number, ge(1.0)])
+    """Score multiplier for a candidate that is not a replica of the routing key."""
+    token_aware: bool = field(default=True, validator=boolean)
+    """Resolve the replicas of each statement's routing key (false: no replica preference,
+    every candidate is scored as a replica)."""
+    lwt_deterministic: bool = field(default=True, validator=boolean)
+    """Lightweight transactions (scylla-driver's is_lwt(), or SERIAL / LOCAL_SERIAL reads):
+    replicas in ring order, so that every client picks the same Paxos coordinator, unhealthy
+    last; no load-based shuffling."""
+    replica_cache_size: int = field(default=4096, validator=[integer, ge(0), le(10_000_000)])
+    """Entries of the (keyspace, routing key) -> replicas LRU cache; 0 disables it."""
+    local_rack: str | None = field(default=None, validator=optional_string)
+    """The client's rack (zone); null: the child policy's ``local_rack`` if it has one."""
+
+
+@define(frozen=True, slots=True)
+class TrackingConfig:
+    """Per-host statistics: the sliding latency window and its histogram."""
+
+    window: float = duration(10.0, gt(0.0), le(3600.0))
+    """Length of the sliding statistics window."""
+    intervals: int = field(default=5, validator=[integer, ge(1), le(120)])
+    """Number of rotating interval histograms the window is made of."""
+    latency_min: float = duration(1e-6, gt(0.0))
+    """Lowest latency the histogram distinguishes."""
+    latency_max: float = duration(60.0, gt(0.0), le(3600.0))
+    """Highest latency the histogram records (larger values are clamped); must be greater
+    than ``latency_min``."""
+    significant_digits: int = field(default=2, validator=[integer, ge(1), le(5)])
+    """HdrHistogram precision (significant decimal digits)."""
+    ewma_alpha: float = field(default=0.1, validator=[number, gt(0.0), le(1.0)])
+    """Weight of the newest sample in the smoothed latency."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.latency_max <= self.latency_min:
+            raise ValueError(
+                f"latency_max: must be > latency_min ({show(self.latency_min)}), "
+                f"got {show(self.latency_max)}"
+            )
+
+
+@define(frozen=True, slots=True)
+class HealthPenalties:
+    """Score multiplier per health state (WARMING starts at ``warming`` and decays to 1)."""
+
+    healthy: float = field(default=1.0, validator=[number, ge(1.0)])
+    """Multiplier of a HEALTHY host."""
+    slow: float = field(default=64.0, validator=[number, ge(1.0)])
+    """Multiplier of a SLOW host (latency outlier among its peers)."""
+    erroring: float = field(default=64.0, validator=[number, ge(1.0)])
+    """Multiplier of an ERRORING host (error rate above ``health.error_rate``)."""
+    warming: float = field(default=64.0, validator=[number, ge(1.0)])
+    """Multiplier of a host that just came back (decays to 1 over ``health.slow_start``)."""
+
+
+@define(frozen=True, slots=True)
+class HealthConfig:
+    """When a host counts as SLOW, ERRORING or WARMING, and what that costs it."""
+
+    percentile: float = field(default=99.0, validator=[number, gt(0.0), le(100.0)])
+    """Latency percentile compared between a host and its local (datacenter) peers: against
+    the peers' median of the same."""
+    outlier_factor: float = field(default=3.0, validator=[number, gt(1.0)])
+    """SLOW when the host's percentile exceeds this multiple of its peers' median."""
+    slow_floor: float = duration(0.002, ge(0.0))
+    """...and exceeds this absolute latency."""
+    error_rate: float = field(default=0.25, validator=[number, gt(0.0), le(1.0)])
+    """ERRORING when (errors + timeouts) / requests in the window exceeds this."""
+    min_samples: int = field(default=50, validator=[integer, ge(1)])
+    """Requests (latency samples, for SLOW) in the window below which no verdict is given."""
+    slow_start: float = duration(10.0, ge(0.0))
+    """WARMING: how long a returning host's penalty takes to decay from
+    ``penalties.warming`` to 1, so that its share of traffic ramps up linearly."""
+    recovery_factor: float = field(default=0.8, validator=[number, gt(0.0), le(1.0)])
+    """Hysteresis: leave SLOW / ERRORING only below this fraction of the entry threshold."""
+    min_state_duration: float = duration(1.0, ge(0.0))
+    """Hysteresis: how long a host stays in a state before it may leave it."""
+    refresh_interval: float = duration(0.2, ge(0.01), le(60.0))
+    """How often health is refreshed (percentiles are computed only then)."""
+    stall_timeout: float = duration(2.0, ge(0.0))
+    """ERRORING when requests are in flight on the host and it has answered none of them
+    (a timeout is not an answer) for this long: a stalled node (long GC pause, hung
+    process). 0 disables."""
+    penalties: HealthPenalties = field(factory=HealthPenalties)
+    """Score multiplier per health state."""
+
+
+@define(frozen=True, slots=True)
+class OtlpConfig:
+    """Where traces go: where ``adaptive_lb.exporters.setup_tracing`` sends spans (OTLP,
+    e.g. to Jaeger)."""
+
+    endpoint: str | None = field(default=None, validator=optional_string)
+    """OTLP receiver, e.g. http://127.0.0.1:4317 (grpc) or http://127.0.0.1:4318/v1/traces
+    (http); null: no exporter."""
+    protocol: str = field(default="grpc", validator=one_of("grpc", "http"))
+    """OTLP transport."""
+    headers: dict[str, str] = field(factory=dict, validator=string_map, metadata={"secret": True})
+    """Extra headers sent with every export (e.g. authentication)."""
+    timeout: float = duration(10.0, gt(0.0))
+    """Export timeout."""
+    service_name: str = field(default="adaptive-lb", validator=string)
+    """OpenTelemetry ``service.name`` of the spans."""
+
+
+@define(frozen=True, slots=True)
+class TracingConfig:
+    """Decision tracing (OpenTelemetry)."""
+
+    enabled: bool = field(default=True, validator=boolean)
+    """Record decisions on the current OpenTelemetry span when one is recording."""
+    mode: str = field(default="event", validator=one_of("event", "span"))
+    """``event``: an ``adaptive_lb.decision`` event on the current span; ``span``: a child
+    span ``adaptive_lb.query_plan`` per decision."""
+    ratio: float = field(default=1.0, validator=[number, ge(0.0), le(1.0)])
+    """Fraction of decisions recorded (when a span is recording)."""
+    attributes: bool = field(default=True, validator=boolean)
+    """Attach candidate arrays (address, in-flight, health, penalty, score); false: chosen
+    host only."""
+    otlp: OtlpConfig = field(factory=OtlpConfig)
+    """Where traces go."""
+
+
+@define(frozen=True, slots=True)
+class MetricsConfig:
+    """Prometheus and OpenTelemetry metrics."""
+
+    prometheus_enabled: bool = field(default=False, validator=boolean)
+    """Serve Prometheus metrics (computed at scrape time from ``policy.snapshot()``)."""
+    bind_address: str = field(default="127.0.0.1", validator=string)
+    """Address of the Prometheus endpoint: loopback unless you mean otherwise."""
+    port: int = field(default=9464, validator=[integer, ge(0), le(65535)])
+    """Port of the Prometheus endpoint (0: any free port)."""
+    otel_enabled: bool = field(default=False, validator=boolean)
+    """Publish the same numbers as OpenTelemetry observable instruments."""
+
+
+@define(frozen=True, slots=True)
+class PrivacyConfig:
+    """What may leave the process in traces, metrics and logs. Everything off by default."""
+
+    routing_keys: bool = field(default=False, validator=boolean)
+    """Routing keys (hex) on decision events."""
+    statement_text: bool = field(default=False, validator=boolean)
+    """Statement text."""
+    bound_values: bool = field(default=False, validator=boolean)
+    """Bound values."""
+
+
+@define(frozen=True, slots=True)
+class Config:
+    """The whole configuration of adaptive-lb."""
+
+    policy: PolicyConfig = field(factory=PolicyConfig)
+    """Candidate choice and scoring."""
+    tracking: TrackingConfig = field(factory=TrackingConfig)
+    """Per-host statistics window."""
+    health: HealthConfig = field(factory=HealthConfig)
+    """Health model and penalties."""
+    tracing: TracingConfig = field(factory=TracingConfig)
+    """Decision tracing."""
+    metrics: MetricsConfig = field(factory=MetricsConfig)
+    """Prometheus and OpenTelemetry metrics."""
+    privacy: PrivacyConfig = field(factory=PrivacyConfig)
+    """What may leave the process."""
+
+    @property
+    def hash(self) -> str:
+        """A short content hash (12 hex digits): equal configs have equal hashes."""
+        canonical = json.dumps(config_to_mapping(self), sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+DURATION_KEYS = flagged_paths(Config, "duration")
+"""Key paths whose values are durations: seconds, or ``250ms``, ``10s``, ``2m``, ``500us``."""
+SECRET_KEYS = flagged_paths(Config, "secret")
+"""Key paths of the fields holding secrets (see :func:`.errors.is_secret`)."""

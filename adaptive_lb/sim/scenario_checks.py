@@ -1,0 +1,141 @@
+"""What a scenario file needs checked beyond the config toolkit's validators.
+
+Field validators for the shapes the toolkit has no validator for (datacenters -> zones ->
+node counts, a replication factor or a mapping of them, the zone latency matrix, lists of
+names), and :func:`cross_checks` across keys (zones unique, faults on nodes that exist...).
+Their messages name the place inside the value (``datacenters.dc1.A: ...``) or the key path,
+so that the loader (:mod:`adaptive_lb.config.structure`) reports the full path and its line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from attrs import Attribute
+
+from adaptive_lb.config.errors import show, type_name
+
+if TYPE_CHECKING:
+    from adaptive_lb.sim.scenario import Scenario
+
+__all__ = ["cross_checks", "datacenters", "latency_matrix", "names", "replication"]
+
+
+def _got(value: Any) -> str:
+    """What a value is, an empty mapping or list said so."""
+    if isinstance(value, (Mapping, list)) and not value:
+        return f"an empty {'mapping' if isinstance(value, Mapping) else 'list'}"
+    return type_name(value)
+
+
+def _counts(place: str, counts: Mapping[Any, Any]) -> None:
+    """Every value of ``counts`` an integer >= 1 (the message names the first that is not)."""
+    for key, count in counts.items():
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"{place}.{key}: must be an integer >= 1, got {show(count)}")
+
+
+def datacenters(instance: Any, attribute: Attribute, value: Any) -> None:
+    """``{dc: {zone: nodes}}``, each count an integer >= 1."""
+    name = attribute.name
+    if not isinstance(value, Mapping) or not value:
+        raise TypeError(f"{name}: must map datacenter names to {{zone: nodes}}, got {_got(value)}")
+    for dc, zones in value.items():
+        if not isinstance(zones, Mapping) or not zones:
+            raise TypeError(f"{name}.{dc}: must map zone names to node counts, got {_got(zones)}")
+        _counts(f"{name}.{dc}", zones)
+
+
+def replication(instance: Any, attribute: Attribute, value: Any) -> None:
+    """An RF >= 1, or ``{dc: RF}``."""
+    name = attribute.name
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise ValueError(f"{name}: must be >= 1, got {show(value)}")
+    elif isinstance(value, Mapping):
+        _counts(name, value)
+    else:
+        raise TypeError(f"{name}: must be an RF or a {{datacenter: RF}} mapping, got {_got(value)}")
+
+
+def latency_matrix(instance: Any, attribute: Attribute, value: Any) -> None:
+    """None, or ``{from_zone: {to_zone: microseconds >= 0}}``."""
+    name = attribute.name
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name}: must map zone -> zone -> microseconds, got {_got(value)}")
+    for src, row in value.items():
+        if not isinstance(row, Mapping):
+            raise TypeError(f"{name}.{src}: must map zone -> microseconds, got {_got(row)}")
+        for dst, us in row.items():
+            if isinstance(us, bool) or not isinstance(us, (int, float)) or not us >= 0:
+                raise ValueError(f"{name}.{src}.{dst}: must be a number >= 0, got {show(us)}")
+
+
+def names(choices: tuple[str, ...] | None = None) -> Any:
+    """A validator: a non-empty list of distinct strings (of ``choices``, if given)."""
+
+    def check(instance: Any, attribute: Attribute, value: Any) -> None:
+        name = attribute.name
+        if value is None:
+            return
+        if not isinstance(value, list) or not value:
+            raise TypeError(f"{name}: must be a non-empty list of names, got {_got(value)}")
+        for index, item in enumerate(value):
+            if choices is not None and item not in choices:
+                raise ValueError(
+                    f"{name}[{index}]: must be one of {', '.join(choices)}, got {show(item)}"
+                )
+            if not isinstance(item, str):
+                raise TypeError(f"{name}[{index}]: must be a string, got {show(item)}")
+            if item in value[:index]:
+                raise ValueError(f"{name}[{index}]: {show(item)} is listed twice")
+
+    return check
+
+
+def cross_checks(scenario: Scenario) -> Iterator[tuple[str, str]]:
+    """Checks across keys: ``(key path, reason)`` per problem."""
+    zones = scenario.zones()
+    seen: dict[str, str] = {}
+    for dc, dc_zones in scenario.topology.datacenters.items():
+        for zone in dc_zones:
+            if zone in seen:
+                yield f"topology.datacenters.{dc}.{zone}", f"zone also in {seen[zone]}"
+            seen[zone] = dc
+    replication = scenario.topology.replication
+    if isinstance(replication, Mapping):
+        for dc in replication:
+            if dc not in scenario.topology.datacenters:
+                yield f"topology.replication.{dc}", "unknown datacenter"
+    matrix = scenario.network.matrix()
+    for src in zones:
+        for dst in zones:
+            if zones[src] == zones[dst] and dst not in matrix.get(src, {}):
+                yield f"network.latency_us.{src}.{dst}", "missing (zones of one datacenter)"
+    for src, row in matrix.items():
+        if src not in zones:
+            yield f"network.latency_us.{src}", "unknown zone"
+        for dst in row:
+            if dst not in zones:
+                yield f"network.latency_us.{src}.{dst}", "unknown zone"
+    workload = scenario.workload
+    client_dc = scenario.client_datacenter
+    if workload.datacenter is not None and workload.datacenter not in scenario.topology.datacenters:
+        yield "workload.datacenter", f"unknown datacenter {show(workload.datacenter)}"
+    elif workload.zones is not None:
+        for i, zone in enumerate(workload.zones):
+            if zones.get(zone) != client_dc:
+                yield f"workload.zones[{i}]", f"{show(zone)} is not a zone of {client_dc}"
+    if client_dc in scenario.topology.datacenters and scenario.topology.rf(client_dc) < 1:
+        yield "topology.replication", f"no replica in the clients' datacenter {client_dc}"
+    for i, fault in enumerate(scenario.faults):
+        zone, _, index = fault.node.partition("/")
+        fault_dc = zones.get(zone)
+        if fault_dc is None or not index.isdigit():
+            yield f"faults[{i}].node", f"{show(fault.node)} is not ZONE/INDEX of a known zone"
+        elif int(index) >= scenario.topology.datacenters[fault_dc][zone]:
+            count = scenario.topology.datacenters[fault_dc][zone]
+            yield f"faults[{i}].node", f"zone {zone} has {count} nodes (0-based index), got {index}"
