@@ -15,7 +15,6 @@ replicas are used instead and never cached, since tablets move between hosts.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from bisect import bisect_left
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from adaptive_lb._driver import keyspace_replica_map, tablets_of, token_value_function
+from adaptive_lb.counting import counter_value, new_counter
 from adaptive_lb.scoring import HostView
 from adaptive_lb.topology import Topology
 
@@ -68,7 +68,7 @@ class ReplicaCache:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         self._compute = compute
-        self._bypassed = itertools.count()
+        self._bypassed = new_counter()
         self._counts_lock = threading.Lock()
         self._earlier = (0, 0, 0)
         """(hits, misses, evictions) of the caches that :meth:`clear` / :meth:`resize`
@@ -94,7 +94,7 @@ class ReplicaCache:
         info = self.lookup.cache_info()
         hits, misses, evictions = self._earlier
         evicted = info.misses - info.currsize if self.capacity else 0
-        bypassed = int(repr(self._bypassed)[6:-1])  # "count(n)": read without advancing
+        bypassed = counter_value(self._bypassed)
         return hits + info.hits, misses + info.misses + bypassed, evictions + evicted
 
     def clear(self) -> None:

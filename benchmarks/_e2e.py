@@ -11,21 +11,12 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from opentelemetry import context, trace
 
 from adaptive_lb.peers.connect import connect_driver, wait_for_pools
-from adaptive_lb.peers.jvm import JvmProcess, java_command
-from adaptive_lb.peers.net import free_tcp_port
-from adaptive_lb.peers.simulacron import (
-    DEFAULT_CACHE_DIR,
-    SimulacronError,
-    ensure_simulacron_jar,
-    pick_node_ip,
-)
-from adaptive_lb.peers.simulacron_primes import SimulacronClient
+from adaptive_lb.peers.simulacron import Simulacron, ensure_simulacron_jar, pick_node_ip
 
 QUERY = "SELECT v FROM ks.t WHERE k = ?"
 CLUSTER = "e2e"
@@ -39,74 +30,20 @@ RF = 2
 # ------------------------------------------------------------------------------------------
 
 
-class Sim(SimulacronClient):
-    """One Simulacron JVM on loopback, stock jar, activity log off, killed by PID on
-    :meth:`stop` (and by the kernel if this process dies first: ``setpriv --pdeathsig``).
-
-    Built from the harness's parts (``adaptive_lb.peers``) rather than its ``Simulacron``
-    class only to get ``die_with_parent``: a benchmark killed with SIGKILL must not leave a
-    JVM behind on a shared machine.
-    """
+class Sim(Simulacron):
+    """One Simulacron JVM on loopback (stock jar, activity log off), killed by PID on
+    :meth:`stop` and by the kernel if this process dies first (``die_with_parent``: a
+    benchmark killed with SIGKILL must not leave a JVM behind on a shared machine)."""
 
     def __init__(self, startup_timeout: float = 60.0) -> None:
-        super().__init__("127.0.0.1", free_tcp_port("127.0.0.1"))
-        self.startup_timeout = startup_timeout
-        self.process: JvmProcess | None = None
-        self.startup_seconds: float | None = None
-        self.node_ip: str | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
-
-    def start(self) -> Sim:
-        jar = ensure_simulacron_jar()
-        self.node_ip = pick_node_ip(NODES)
-        cmd = java_command(
-            jar=jar,
+        super().__init__(
+            ensure_simulacron_jar(),
+            node_ip=pick_node_ip(NODES),
+            activity_logging=False,
+            startup_timeout=startup_timeout,
             jvm_args=("-Xmx256m",),
-            args=[
-                "--httpintf",
-                self.http_host,
-                "--httpport",
-                str(self.http_port),
-                "--ip",
-                self.node_ip,
-                "--loglevel",
-                "ERROR",
-                "--disable-activity-log",
-            ],
             die_with_parent=True,
         )
-        log = Path(DEFAULT_CACHE_DIR) / f"e2e-overhead-{self.http_port}.log"
-        self.process = JvmProcess(
-            cmd,
-            log,
-            name="Simulacron",
-            stop_grace=5.0,
-            kill_wait=5.0,
-            keep_log=False,
-            error=SimulacronError,
-        )
-        t0 = time.monotonic()
-        self.process.start()
-        try:
-            self.process.wait_ready(
-                t0 + self.startup_timeout,
-                probe=self.answers,
-                what=f"REST API at {self.base_url}",
-                interval=0.1,
-            )
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_seconds = time.monotonic() - t0
-        return self
-
-    def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is not None:
-            process.stop()
 
     def setup_cluster(self) -> list[str]:
         """3 nodes in one DC (racks r1..r3), keyspace ``ks`` NTS RF 2, the prepared

@@ -47,25 +47,16 @@ import signal
 import sys
 import tempfile
 import threading
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import _e2e
 
+from adaptive_lb.bench import driver_name
+
 REFERENCE = "stock"
 DEFAULT_VARIANTS = "stock,adaptive,adaptive-otel,stock-otel"
 NODES_TEXT = f"{_e2e.NODES} nodes, 1 DC, RF {_e2e.RF}, protocol v4"
-
-
-def driver_name() -> str:
-    """Which distribution provides the ``cassandra`` module, with its version."""
-    for dist in ("scylla-driver", "cassandra-driver"):
-        try:
-            return f"{dist} {version(dist)}"
-        except Exception:
-            continue
-    return "unknown"
 
 
 def log(message: str) -> None:

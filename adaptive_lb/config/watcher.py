@@ -10,10 +10,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from adaptive_lb.clock import SYSTEM_CLOCK
 from adaptive_lb.config.errors import ConfigError
 from adaptive_lb.config.loader import load_config
 from adaptive_lb.config.model import Config
 from adaptive_lb.config.safe_yaml import MAX_CONFIG_BYTES
+from adaptive_lb.errors import ErrorLog
 
 __all__ = ["ConfigWatcher"]
 
@@ -42,9 +44,6 @@ class ConfigWatcher:
         if not interval > 0:
             raise ValueError(f"interval: must be > 0, got {interval!r}")
         if report_error is None:
-            from adaptive_lb.clock import SYSTEM_CLOCK
-            from adaptive_lb.errors import ErrorLog
-
             report_error = ErrorLog(SYSTEM_CLOCK, _log).record
         self.report_error = report_error
         """Where an exception inside the watcher (a failing ``on_change``, say) goes:

@@ -179,6 +179,8 @@ class Simulacron(SimulacronClient):
         jvm_args: extra JVM options (default caps the heap at 512 MB).
         cache_dir: where the launcher class and the process log are written.
         keep_log: keep the process log (``log_path``) after :meth:`stop` (default: delete it).
+        die_with_parent: have the kernel kill the JVM when this process dies, even by SIGKILL
+            (a benchmark on a shared machine must not leave it behind).
     """
 
     def __init__(
@@ -195,6 +197,7 @@ class Simulacron(SimulacronClient):
         jvm_args: Sequence[str] = ("-Xmx512m",),
         cache_dir: Path | None = None,
         keep_log: bool = False,
+        die_with_parent: bool = False,
     ) -> None:
         super().__init__(http_host, http_port)
         self.jar = Path(jar)
@@ -211,6 +214,7 @@ class Simulacron(SimulacronClient):
         self.startup_seconds: float | None = None
         self.log_path: Path | None = None
         self.keep_log = keep_log
+        self.die_with_parent = die_with_parent
         self._process: JvmProcess | None = None
 
     @property
@@ -258,9 +262,15 @@ class Simulacron(SimulacronClient):
                 classpath=[self.jar, launcher],
                 jvm_args=self.jvm_args,
                 args=args,
+                die_with_parent=self.die_with_parent,
             )
         else:
-            cmd = java_command(jar=self.jar, jvm_args=self.jvm_args, args=args)
+            cmd = java_command(
+                jar=self.jar,
+                jvm_args=self.jvm_args,
+                args=args,
+                die_with_parent=self.die_with_parent,
+            )
         self.log_path = self.cache_dir / f"simulacron-{os.getpid()}-{self.http_port}.log"
         self._process = JvmProcess(
             cmd,

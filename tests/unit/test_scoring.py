@@ -109,23 +109,20 @@ def test_hot_loops_order_by_score_of():
 
     rng = random.Random(3)
     penalties = (1.0, 1.5, 4.0, 6.0, 64.0)
+
+    def random_views(prefix: str, count: int) -> list[HostView]:
+        return [
+            HostView(
+                host=f"{prefix}{i}",
+                stats=Load(rng.randrange(50), rng.choice(penalties), rng.choice(penalties)),
+                is_local=True,
+            )
+            for i in range(count)
+        ]
+
     for _ in range(300):
-        replicas = [
-            HostView(
-                host=f"r{i}",
-                stats=Load(rng.randrange(50), rng.choice(penalties), rng.choice(penalties)),
-                is_local=True,
-            )
-            for i in range(rng.randint(1, 4))
-        ]
-        fill = [
-            HostView(
-                host=f"f{i}",
-                stats=Load(rng.randrange(50), rng.choice(penalties), rng.choice(penalties)),
-                is_local=True,
-            )
-            for i in range(rng.randint(0, 6))
-        ]
+        replicas = random_views("r", rng.randint(1, 4))
+        fill = random_views("f", rng.randint(0, 6))
         scores = {v.host: score_of(v, True, NON_REPLICA) for v in replicas}
         scores.update({v.host: score_of(v, False, NON_REPLICA) for v in fill})
         if len(set(scores.values())) < len(scores):
