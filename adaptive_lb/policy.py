@@ -66,6 +66,10 @@ _STARTUP_GRACE_NS = 5 * 1_000_000_000
 _BLIP_NS = 1_000_000_000
 """A host down for less than this (the driver bounces the contact point while connecting)
 does not start WARMING when it comes back."""
+UNTRACKED_PLANS_BEFORE_WARNING = 1000
+"""Plans made with no request tracking attached after which one WARNING is logged..."""
+UNTRACKED_SECONDS_BEFORE_WARNING = 30.0
+"""...or seconds since the first such plan, whichever comes first (then never again)."""
 
 
 class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
@@ -130,6 +134,10 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         self._trace_ratio = 1.0
         self._configure_tracing(self._config)
         self._untracked_attempts = new_counter()
+        self._untracked_plans = new_counter()
+        self._first_untracked_plan_ns: int | None = None
+        self._tracking_sources = 0
+        self._untracked_warned = False
         self._unknown_host_events = new_counter()
         self._reload_lock = threading.Lock()
         self.config_reloads = {"success": 0, "failure": 0}
@@ -200,6 +208,49 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         """``on_up`` / ``on_down`` for hosts this policy does not know (never added, or
         already removed): ignored here (and ``on_up`` is not passed to the child)."""
         return counter_value(self._unknown_host_events)
+
+    @property
+    def request_tracking(self) -> bool:
+        """Request tracking reaches this policy: :func:`adaptive_lb.attach` (or
+        :func:`adaptive_lb.instrument`) hooked a session that plans with it. While False,
+        every host looks idle (0 in flight, no latency) and the plan is a random choice
+        among the replicas; see :attr:`untracked_plans`."""
+        return self._tracking_sources > 0
+
+    @property
+    def untracked_plans(self) -> int:
+        """Plans made while no request tracking was attached (see :attr:`request_tracking`).
+        After ``UNTRACKED_PLANS_BEFORE_WARNING`` of them, or ``UNTRACKED_SECONDS_BEFORE_WARNING``
+        after the first, one WARNING names the call to make."""
+        return counter_value(self._untracked_plans)
+
+    def tracking_attached(self, attached: bool = True) -> None:
+        """Declare that something feeds this policy's statistics per attempt (``attached``)
+        or stopped doing so. :func:`adaptive_lb.instrument` calls it; so does the simulator,
+        which feeds the statistics itself."""
+        with self._book.lock:
+            self._tracking_sources = max(0, self._tracking_sources + (1 if attached else -1))
+
+    def _note_untracked_plan(self) -> None:
+        count = next(self._untracked_plans) + 1
+        if self._untracked_warned:
+            return
+        now = self._clock.now_ns()
+        first = self._first_untracked_plan_ns
+        if first is None:
+            self._first_untracked_plan_ns = first = now
+        if (
+            count < UNTRACKED_PLANS_BEFORE_WARNING
+            and now - first < UNTRACKED_SECONDS_BEFORE_WARNING * 1e9
+        ):
+            return
+        self._untracked_warned = True
+        log.warning(
+            "adaptive-lb: %d query plans made but no request tracking reaches this policy, "
+            "so every host looks idle and unmeasured: call adaptive_lb.attach(session) "
+            "(or adaptive_lb.instrument(session)) once after cluster.connect()",
+            count,
+        )
 
     def record_error(self, stage: str, what: str) -> None:
         """Count an exception caught in ``stage`` (see :data:`adaptive_lb.errors.ERROR_STAGES`)
@@ -445,6 +496,8 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         See the module docstring for the guarantees. When a span is recording in the
         current context, the decision is recorded on it (see :mod:`adaptive_lb.tracing`).
         """
+        if self._tracking_sources == 0:
+            self._note_untracked_plan()
         if self._tracer is not None:
             span = current_recording_span()
             if span is not None and (self._trace_ratio >= 1.0 or random() < self._trace_ratio):

@@ -189,6 +189,7 @@ def instrument(session: Any) -> RequestTracker:
     (in any execution profile). Returns the tracker; ``session.shutdown()`` closes it."""
     tracker = RequestTracker(session)
     for policy in _session_policies(session):
+        policy.tracking_attached()
         policy.start_health_refresh()
     shutdown = session.shutdown
 
@@ -198,6 +199,7 @@ def instrument(session: Any) -> RequestTracker:
         finally:
             tracker.close()
             for policy in _session_policies(session):
+                policy.tracking_attached(False)
                 policy.stop_health_refresh()
 
     session.shutdown = shutdown_and_release

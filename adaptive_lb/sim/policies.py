@@ -75,6 +75,7 @@ class AdaptiveFeedback:
     def __init__(self, policy: AdaptiveLoadBalancingPolicy) -> None:
         self._registry = policy.stats
         self._stats: dict[int, Any] = {}
+        policy.tracking_attached()
 
     def _of(self, host: Any) -> Any:
         stats = self._stats.get(id(host))
