@@ -16,20 +16,25 @@ from typing import TYPE_CHECKING, Any
 from adaptive_lb.config import Config, ConfigError
 
 if TYPE_CHECKING:
+    from adaptive_lb.attachment import Attachment, attach
     from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
     from adaptive_lb.tracking import RequestTracker, instrument
 
 __all__ = [
     "AdaptiveLoadBalancingPolicy",
+    "Attachment",
     "Config",
     "ConfigError",
     "RequestTracker",
+    "attach",
     "instrument",
 ]
 __version__ = "0.1.0"
 
 _LAZY = {
     "AdaptiveLoadBalancingPolicy": "adaptive_lb.policy",
+    "Attachment": "adaptive_lb.attachment",
+    "attach": "adaptive_lb.attachment",
     "RequestTracker": "adaptive_lb.tracking",
     "instrument": "adaptive_lb.tracking",
 }

@@ -132,6 +132,8 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         self._tracer_provider = tracer_provider
         self._tracer: DecisionTracer | None = None
         self._trace_ratio = 1.0
+        self._handoff: threading.local | None = None
+        self._trace_without_parent = False
         self._configure_tracing(self._config)
         self._untracked_attempts = new_counter()
         self._untracked_plans = new_counter()
@@ -500,9 +502,47 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             self._note_untracked_plan()
         if self._tracer is not None:
             span = current_recording_span()
-            if span is not None and (self._trace_ratio >= 1.0 or random() < self._trace_ratio):
+            if (span is not None or self._trace_without_parent) and (
+                self._trace_ratio >= 1.0 or random() < self._trace_ratio
+            ):
                 return self._traced_plan(span, working_keyspace, query)
         return self._planner.plan(working_keyspace, query)
+
+    def use_tracer_provider(self, tracer_provider: Any | None) -> None:
+        """Record decisions through ``tracer_provider`` from now on (None: the global one).
+        :func:`adaptive_lb.attach` passes the provider it built from the config."""
+        self._tracer_provider = tracer_provider
+        self._configure_tracing(self._config)
+
+    def send_decisions_to_requests(self, enabled: bool, *, without_parent: bool = False) -> None:
+        """Hand each plan's decision to the request span of the request it was made for
+        (:mod:`adaptive_lb.request_spans`) instead of recording it on the current span;
+        ``without_parent``: decide even when no span is current (the request span will be
+        a root span). :func:`adaptive_lb.attach` turns it on with request spans."""
+        self._handoff = threading.local() if enabled else None
+        self._trace_without_parent = enabled and without_parent
+
+    def take_decision(self, query: Any) -> tuple[Any, Any, Any] | None:
+        """The decision of the plan just made on this thread for ``query`` (handed over
+        once), or None. See :meth:`send_decisions_to_requests`."""
+        handoff = self._handoff
+        if handoff is None:
+            return None
+        pending = getattr(handoff, "pending", None)
+        if pending is None or pending[0] is not query:
+            return None
+        handoff.pending = None
+        return pending
+
+    def record_decision(self, span: Any, pending: tuple[Any, Any, Any]) -> None:
+        """Record a decision taken with :meth:`take_decision` on ``span``."""
+        tracer = self._tracer
+        if tracer is None:
+            return
+        try:
+            tracer.record(span, pending[1], pending[2])
+        except Exception:
+            self.errors.record("tracing", "the decision is not recorded on the span")
 
     def _configure_tracing(self, config: Config) -> None:
         if config.tracing.enabled:
@@ -511,7 +551,9 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         else:
             self._tracer = None
 
-    def _traced_plan(self, span: Any, working_keyspace: str | None, query: Any) -> Iterator[Any]:
+    def _traced_plan(
+        self, span: Any | None, working_keyspace: str | None, query: Any
+    ) -> Iterator[Any]:
         record = PlanRecord()
         hosts = list(self._planner.plan(working_keyspace, query, record))
         tracer = self._tracer
@@ -530,7 +572,11 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                 routing_keys=self._config.privacy.routing_keys,
                 pop_transition=self.health.pop_unreported,
             )
-            tracer.record(span, decision, events)
+            handoff = self._handoff
+            if handoff is not None and query is not None:
+                handoff.pending = (query, decision, events)
+            elif span is not None:
+                tracer.record(span, decision, events)
         except Exception:
             self.errors.record("tracing", "the decision is not recorded on the span")
         return iter(hosts)

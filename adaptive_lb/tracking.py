@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from typing import Any
 
 from cassandra import OperationTimedOut
@@ -37,7 +38,17 @@ from adaptive_lb._driver import FUTURE_POLICY_ATTRIBUTE, hook_future
 from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
 from adaptive_lb.stats import HostStats
 
-__all__ = ["RequestTracker", "instrument"]
+__all__ = [
+    "CLIENT_ERROR",
+    "CONNECTION_ERROR",
+    "ERROR",
+    "SERVER_TIMEOUT",
+    "SUCCESS",
+    "RequestTracker",
+    "instrument",
+    "outcome_of",
+    "session_policies",
+]
 
 log = logging.getLogger("adaptive_lb.tracking")
 
@@ -54,6 +65,34 @@ _CLIENT_ERROR_CODES = frozenset(
         0x2500,  # unprepared (the driver re-prepares on the same host)
     )
 )
+
+
+SUCCESS = "success"
+"""An attempt's outcome: a result."""
+SERVER_TIMEOUT = "server_timeout"
+"""The coordinator answered with a read or write timeout."""
+CLIENT_ERROR = "client_error"
+"""The request was refused for the client's own reasons (syntax, invalid, unauthorized...):
+the host did its job, so it counts as answered."""
+ERROR = "error"
+"""Any other error answer (overloaded, unavailable, bootstrapping, server error...)."""
+CONNECTION_ERROR = "connection_error"
+"""No answer: the connection broke, closed or went defunct."""
+
+
+def outcome_of(response: Any) -> str:
+    """The outcome of an attempt from what the driver delivered for it: a protocol message,
+    or an exception for a broken connection. One of the constants above; tracking and the
+    request spans (:mod:`adaptive_lb.request_spans`) both classify with it."""
+    if isinstance(response, ResultMessage):
+        return SUCCESS
+    if isinstance(response, (ReadTimeoutErrorMessage, WriteTimeoutErrorMessage)):
+        return SERVER_TIMEOUT
+    if isinstance(response, ErrorMessage):
+        if getattr(response, "error_code", None) in _CLIENT_ERROR_CODES:
+            return CLIENT_ERROR
+        return ERROR
+    return CONNECTION_ERROR
 
 
 class _Attempts(dict[int, tuple[HostStats, int]]):
@@ -107,18 +146,15 @@ class _Attempts(dict[int, tuple[HostStats, int]]):
             return  # already released (timed out, superseded), or not sent through _query
         stats, sent_ns = taken
         latency_ns = self.policy.now_ns() - sent_ns
-        if type(response) is ResultMessage:
+        if type(response) is ResultMessage:  # the common case, without a call
             stats.on_success(latency_ns)
-        elif isinstance(response, (ReadTimeoutErrorMessage, WriteTimeoutErrorMessage)):
+            return
+        outcome = outcome_of(response)
+        if outcome is SERVER_TIMEOUT:
             stats.on_timeout(latency_ns)
-        elif isinstance(response, ErrorMessage):
-            if getattr(response, "error_code", None) in _CLIENT_ERROR_CODES:
-                stats.on_success(latency_ns)
-            else:
-                stats.on_error(latency_ns, fast=True)
-        elif isinstance(response, ResultMessage):
+        elif outcome is SUCCESS or outcome is CLIENT_ERROR:
             stats.on_success(latency_ns)
-        else:  # an exception: connection broken, shut down, defunct
+        else:
             stats.on_error(latency_ns, fast=True)
 
     def ended(self, exception: BaseException | None) -> None:
@@ -144,37 +180,63 @@ class RequestTracker:
 
     Every attempt is released by its own response, by the end of its request, or -- when
     the session shuts down -- by the ``ConnectionShutdown`` the driver delivers to every
-    pending request, so no registry of live requests is kept on the hot path.
+    pending request, so no registry of live requests is kept on the hot path. While it is
+    open, the session's adaptive policies know that tracking reaches them
+    (``policy.request_tracking``) and refresh their health on a thread.
     """
 
     def __init__(self, session: Any) -> None:
         self._session = session
         self._closed = False
+        self._close_lock = threading.Lock()
         self.untracked_requests = 0
         """Requests whose plan did not come from an AdaptiveLoadBalancingPolicy."""
+        self.telemetry: Any | None = None
+        """Request spans and the operation-duration histogram
+        (:class:`adaptive_lb.request_spans.RequestTelemetry`), set by
+        :func:`adaptive_lb.attach` when tracing or OpenTelemetry metrics are on; its
+        ``observe(future, policy)`` returns the attempts object of a request it records,
+        or None."""
+        self.policies = session_policies(session)
+        """The session's adaptive policies (execution profiles and legacy)."""
         session.add_request_init_listener(self._on_request)
+        for policy in self.policies:
+            policy.tracking_attached()
+            policy.start_health_refresh()
 
     def _on_request(self, future: Any) -> None:
         policy = getattr(future, FUTURE_POLICY_ATTRIBUTE, None)
         if self._closed or not isinstance(policy, AdaptiveLoadBalancingPolicy):
             self.untracked_requests += 1
             return
-        attempts = _Attempts()
-        attempts.policy = policy
+        telemetry = self.telemetry
+        attempts = None if telemetry is None else telemetry.observe(future, policy)
+        if attempts is None:
+            attempts = _Attempts()
+            attempts.policy = policy
         hook_future(future, attempts)
 
     def close(self) -> None:
         """Stop tracking new requests (requests already hooked are still released when
-        they complete). :func:`instrument` calls it when the session shuts down."""
-        self._closed = True
+        they complete) and the policies' health refresh. Idempotent; :func:`instrument`
+        calls it when the session shuts down."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
         with contextlib.suppress(ValueError):
             self._session.remove_request_init_listener(self._on_request)
+        for policy in self.policies:
+            policy.tracking_attached(False)
+            policy.stop_health_refresh()
 
 
-def _session_policies(session: Any) -> list[AdaptiveLoadBalancingPolicy]:
+def session_policies(session: Any) -> list[AdaptiveLoadBalancingPolicy]:
     """The adaptive policies of the session's cluster (execution profiles and legacy)."""
-    cluster = session.cluster
-    found = []
+    cluster = getattr(session, "cluster", None)
+    if cluster is None:
+        return []
+    found: list[AdaptiveLoadBalancingPolicy] = []
     profiles = getattr(cluster.profile_manager, "profiles", {})
     candidates = [profile.load_balancing_policy for profile in profiles.values()]
     candidates.append(getattr(cluster, "load_balancing_policy", None))
@@ -186,11 +248,10 @@ def _session_policies(session: Any) -> list[AdaptiveLoadBalancingPolicy]:
 
 def instrument(session: Any) -> RequestTracker:
     """Track every request of ``session`` made through an AdaptiveLoadBalancingPolicy
-    (in any execution profile). Returns the tracker; ``session.shutdown()`` closes it."""
+    (in any execution profile) and refresh their health. Returns the tracker;
+    ``session.shutdown()`` closes it. :func:`adaptive_lb.attach` does this and starts
+    everything else the config enables."""
     tracker = RequestTracker(session)
-    for policy in _session_policies(session):
-        policy.tracking_attached()
-        policy.start_health_refresh()
     shutdown = session.shutdown
 
     def shutdown_and_release(*args: Any, **kwargs: Any) -> Any:
@@ -198,9 +259,6 @@ def instrument(session: Any) -> RequestTracker:
             return shutdown(*args, **kwargs)
         finally:
             tracker.close()
-            for policy in _session_policies(session):
-                policy.tracking_attached(False)
-                policy.stop_health_refresh()
 
     session.shutdown = shutdown_and_release
     return tracker

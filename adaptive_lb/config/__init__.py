@@ -40,6 +40,7 @@ from adaptive_lb.config.model import (
     OtlpConfig,
     PolicyConfig,
     PrivacyConfig,
+    ReloadConfig,
     TracingConfig,
     TrackingConfig,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "OtlpConfig",
     "PolicyConfig",
     "PrivacyConfig",
+    "ReloadConfig",
     "TracingConfig",
     "TrackingConfig",
     "config_from_mapping",

@@ -168,6 +168,12 @@ class TracingConfig:
     attributes: bool = field(default=True, validator=boolean)
     """Attach candidate arrays (address, in-flight, health, penalty, score); false: chosen
     host only."""
+    request_spans: bool = field(default=True, validator=boolean)
+    """With ``adaptive_lb.attach``: one CLIENT span per request (OpenTelemetry database
+    conventions), from first send to final answer, retries and speculative executions as
+    ``adaptive_lb.attempt`` events, the decision on it. Made when a span records in the
+    caller's context, or for every request when adaptive-lb has a tracer provider of its
+    own (``otlp.endpoint`` below, or a recording global one)."""
     otlp: OtlpConfig = field(factory=OtlpConfig)
     """Where traces go."""
 
@@ -184,6 +190,18 @@ class MetricsConfig:
     """Port of the Prometheus endpoint (0: any free port)."""
     otel_enabled: bool = field(default=False, validator=boolean)
     """Publish the same numbers as OpenTelemetry observable instruments."""
+
+
+@define(frozen=True, slots=True)
+class ReloadConfig:
+    """Hot reload of this file by ``adaptive_lb.attach(session, "file.yaml")``."""
+
+    enabled: bool = field(default=False, validator=boolean)
+    """Watch the file and apply each valid change (an invalid one is logged and the last
+    good config stays). Applies to policy, tracking, health, tracing and privacy settings;
+    the metrics endpoint and the OTLP exporter keep their attach-time settings."""
+    interval: float = duration(1.0, gt(0.0), le(3600.0))
+    """How often the file is checked for a change."""
 
 
 @define(frozen=True, slots=True)
@@ -214,6 +232,8 @@ class Config:
     """Prometheus and OpenTelemetry metrics."""
     privacy: PrivacyConfig = field(factory=PrivacyConfig)
     """What may leave the process."""
+    reload: ReloadConfig = field(factory=ReloadConfig)
+    """Hot reload of the config file."""
 
     @property
     def hash(self) -> str:

@@ -79,6 +79,9 @@ BOUNDS = [
     ("tracing.mode", ["event", "span"], ["both", 1], "must be one of event, span, got 'both'"),
     ("tracing.ratio", [0, 0.5, 1], [-0.1, 1.1], "must be >= 0, got -0.1"),
     ("tracing.attributes", [False], ["false"], "must be true or false"),
+    ("tracing.request_spans", [True, False], ["on", 1], "must be true or false"),
+    ("reload.enabled", [True, False], ["yes", None], "must be true or false"),
+    ("reload.interval", ["50ms", 1, "1h"], [0, "2h", "soon"], "must be > 0, got 0"),
     ("tracing.otlp.endpoint", ["http://127.0.0.1:4317", None], [4317], "string or null"),
     ("tracing.otlp.protocol", ["grpc", "http"], ["udp", None], "must be one of grpc, http"),
     ("tracing.otlp.headers", [{"a": "b"}, {}, None], [{"a": 1}, ["a"]], "strings to strings"),
@@ -195,7 +198,9 @@ def test_unknown_key_suggests_the_closest():
     with pytest.raises(ConfigError) as info:
         parse_config("zzzzzz: 1\n")
     assert "did you mean" not in str(info.value)
-    assert "valid keys: health, metrics, policy, privacy, tracing, tracking" in str(info.value)
+    assert "valid keys: health, metrics, policy, privacy, reload, tracing, tracking" in str(
+        info.value
+    )
     with pytest.raises(ConfigError) as info:
         parse_config("null: 1\n1: 2\n")
     assert [e.split(":")[0] for e in info.value.errors] == ["null", "1"]
@@ -522,7 +527,7 @@ def test_config_to_mapping_is_plain_data():
                 check(item)
 
     check(data)
-    assert set(data) == {"policy", "tracking", "health", "tracing", "metrics", "privacy"}
+    assert set(data) == {"policy", "tracking", "health", "tracing", "metrics", "privacy", "reload"}
     assert config_from_mapping(data) == parse_config("tracing:\n  otlp:\n    headers: {a: b}\n")
 
 

@@ -1,0 +1,284 @@
+"""``adaptive_lb.attach`` as a user meets it, with the real driver against Simulacron: one
+call starts what the YAML enables (Prometheus, OTLP to a real receiver, hot reload), and
+every request is one CLIENT span that tells what really happened (duration, retries,
+speculative executions, client timeouts), by the OpenTelemetry database conventions."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cassandra import OperationTimedOut
+from cassandra.cluster import ExecutionProfile
+from cassandra.policies import (
+    ConstantSpeculativeExecutionPolicy,
+    DCAwareRoundRobinPolicy,
+    TokenAwarePolicy,
+)
+from cassandra.query import SimpleStatement
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+
+import adaptive_lb
+from adaptive_lb import AdaptiveLoadBalancingPolicy
+from adaptive_lb.request_spans import ATTEMPT_EVENT
+from adaptive_lb.tracing import EVENT_NAME
+from tests.integration.simulacron import Simulacron, wait_for_pools
+from tests.otlp_receiver import attribute_values, otlp_http_receiver
+
+pytestmark = pytest.mark.integration
+
+CLUSTER = "attach"
+ROWS = {"rows": [{"v": 1}], "column_types": {"v": "int"}, "param_types": {"k": "int"}}
+QUERY = "SELECT v FROM ks.t WHERE k = ?"
+SLOW = "SELECT v FROM ks.slow WHERE k = ?"
+OVERLOADED = "SELECT v FROM ks.over WHERE k = ?"
+SPECULATIVE = "SELECT v FROM ks.spec WHERE k = ?"
+HANGING = "SELECT v FROM ks.hang WHERE k = 1"
+
+
+@pytest.fixture(scope="module")
+def nodes(simulacron: Simulacron) -> Iterator[list[str]]:
+    created = simulacron.create_cluster(CLUSTER, [["r1", "r2", "r3"]])
+    try:
+        simulacron.prime_keyspace("ks", {"dc1": 3})
+        simulacron.prime(QUERY, **ROWS)
+        simulacron.prime(SLOW, **ROWS, delay_ms=100)
+        simulacron.prime(OVERLOADED, **ROWS)
+        simulacron.prime_error(
+            OVERLOADED,
+            "overloaded",
+            scope=simulacron.scope_of(created["dc1"][0]),
+            param_types={"k": "int"},
+        )
+        simulacron.prime(SPECULATIVE, **ROWS, delay_ms=300)
+        simulacron.prime_error(HANGING, "no_result")
+        yield created["dc1"]
+    finally:
+        simulacron.remove_cluster(CLUSTER)
+
+
+def adaptive_policy(config=None) -> AdaptiveLoadBalancingPolicy:
+    return AdaptiveLoadBalancingPolicy(TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")), config)
+
+
+@pytest.fixture
+def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter
+    provider.shutdown()
+
+
+def request_spans(exporter: InMemorySpanExporter) -> list:
+    return [
+        span
+        for span in exporter.get_finished_spans()
+        if span.kind.name == "CLIENT"
+        and "db.system.name" in span.attributes
+        and span.instrumentation_scope.name == "adaptive_lb"
+    ]
+
+
+def attempts_of(span) -> list[dict]:
+    return [dict(event.attributes) for event in span.events if event.name == ATTEMPT_EVENT]
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
+def metric_sum(text: str, name: str) -> float:
+    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", re.M)
+    return sum(float(value) for value in pattern.findall(text))
+
+
+def test_one_call_starts_what_the_yaml_enables(driver_factory, nodes, tmp_path: Path):
+    with otlp_http_receiver() as receiver:
+        path = tmp_path / "adaptive-lb.yaml"
+        path.write_text(
+            "metrics: {prometheus_enabled: true, port: 0}\n"
+            f"tracing: {{otlp: {{endpoint: '{receiver.endpoint}', protocol: http, timeout: 2s}}}}\n"
+            "reload: {enabled: true, interval: 50ms}\n"
+        )
+        policy = adaptive_policy()
+        _, session = driver_factory(policy, contact_points=[nodes[0]])
+        attachment = adaptive_lb.attach(session, path, registry=CollectorRegistry())
+        assert adaptive_lb.attach(session) is attachment  # idempotent
+        assert policy.request_tracking
+        statement = session.prepare(QUERY)
+        wait_for_pools(session, "dc1")
+        for k in range(30):
+            session.execute(statement, [k])
+
+        # Prometheus: served on the port the OS chose, counting what was tracked.
+        text = scrape(attachment.prometheus_port)
+        assert metric_sum(text, "adaptive_lb_host_requests_total") >= 30
+
+        # OTLP: one request span per request reached the receiver, the decision on it.
+        assert attachment.tracer_provider.force_flush(10_000)
+        # Named {db.operation.name} {db.collection.name}; Simulacron names every table "tbl".
+        received = [s for s in receiver.spans if s.name == "SELECT tbl"]
+        assert len(received) == 30
+        span = received[-1]
+        assert span.kind == 3  # SPAN_KIND_CLIENT
+        attributes = attribute_values(span)
+        assert attributes["db.system.name"] == "cassandra"
+        assert attributes["db.namespace"] == "ks"
+        assert attributes["server.address"] in nodes
+        assert [e.name for e in span.events].count(EVENT_NAME) == 1
+
+        # Hot reload: an atomic rewrite of the file takes effect.
+        assert policy.config.policy.sample_size == 8
+        staged = tmp_path / "staged.yaml"
+        staged.write_text(path.read_text() + "policy: {sample_size: 3}\n")
+        os.replace(staged, path)
+        deadline = time.monotonic() + 10
+        while policy.config.policy.sample_size != 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert policy.config.policy.sample_size == 3
+
+        port = attachment.prometheus_port
+        session.shutdown()  # stops it all
+        assert attachment.closed and not policy.request_tracking
+        assert attachment.watcher is not None and not attachment.watcher.running
+        with pytest.raises(OSError):
+            scrape(port)
+
+
+def test_the_span_lasts_as_long_as_the_request(driver_factory, nodes, spans):
+    provider, exporter = spans
+    policy = adaptive_policy()
+    _, session = driver_factory(policy, contact_points=[nodes[0]])
+    adaptive_lb.attach(session, tracer_provider=provider)
+    statement = session.prepare(SLOW)
+    wait_for_pools(session, "dc1")
+    exporter.clear()
+    measured = []
+    for k in range(5):
+        started = time.perf_counter()
+        session.execute(statement, [k])
+        measured.append(time.perf_counter() - started)
+    recorded = request_spans(exporter)
+    assert len(recorded) == 5
+    for span, seconds in zip(recorded, measured, strict=True):
+        duration = (span.end_time - span.start_time) / 1e9
+        assert abs(duration - seconds) <= 0.1 * seconds, (duration, seconds)
+        assert span.name == f"SELECT {span.attributes['db.collection.name']}"
+        assert span.attributes["cassandra.consistency.level"] == "local_one"
+        assert span.attributes["cassandra.speculative_execution.count"] == 0
+        assert [a["adaptive_lb.attempt.outcome"] for a in attempts_of(span)] == ["success"]
+
+
+def test_a_retry_shows_both_attempts_and_the_answering_coordinator(driver_factory, nodes, spans):
+    provider, exporter = spans
+    policy = adaptive_policy()
+    _, session = driver_factory(policy, contact_points=[nodes[0]])
+    adaptive_lb.attach(session, tracer_provider=provider)
+    statement = session.prepare(OVERLOADED)
+    wait_for_pools(session, "dc1")
+    exporter.clear()
+    for k in range(40):
+        session.execute(statement, [k])
+    retried = [s for s in request_spans(exporter) if len(attempts_of(s)) == 2]
+    assert retried, "no request was planned on the overloaded node first"
+    for span in retried:
+        first, second = attempts_of(span)
+        assert first["server.address"] == nodes[0]
+        assert first["adaptive_lb.attempt.outcome"] == "error"
+        assert first["db.response.status_code"] == "4097"  # Overloaded
+        assert second["adaptive_lb.attempt.kind"] == "retry"
+        assert second["adaptive_lb.attempt.outcome"] == "success"
+        assert second["server.address"] != nodes[0]
+        assert span.attributes["server.address"] == second["server.address"]
+        assert "error.type" not in span.attributes
+
+
+def test_a_speculative_execution_is_counted(driver_factory, nodes, spans):
+    provider, exporter = spans
+    policy = adaptive_policy()
+    cluster, session = driver_factory(policy, contact_points=[nodes[0]])
+    cluster.add_execution_profile(
+        "speculative",
+        ExecutionProfile(
+            load_balancing_policy=policy,
+            request_timeout=5.0,
+            speculative_execution_policy=ConstantSpeculativeExecutionPolicy(0.05, 2),
+        ),
+    )
+    adaptive_lb.attach(session, tracer_provider=provider)
+    statement = session.prepare(SPECULATIVE)
+    statement.is_idempotent = True
+    wait_for_pools(session, "dc1")
+    exporter.clear()
+    session.execute(statement, [1], execution_profile="speculative")
+    (span,) = request_spans(exporter)
+    assert span.attributes["cassandra.speculative_execution.count"] >= 1
+    assert span.attributes["cassandra.query.idempotent"] is True
+    kinds = [a["adaptive_lb.attempt.kind"] for a in attempts_of(span)]
+    assert kinds[0] == "first" and "speculative" in kinds
+    assert policy.snapshot() is not None
+    assert sum(h.in_flight for h in policy.snapshot().hosts) == 0
+
+
+def test_a_client_timeout_ends_the_span_with_its_error(driver_factory, nodes, spans):
+    provider, exporter = spans
+    policy = adaptive_policy()
+    _, session = driver_factory(policy, contact_points=[nodes[0]])
+    adaptive_lb.attach(session, tracer_provider=provider)
+    wait_for_pools(session, "dc1")
+    exporter.clear()
+    started = time.perf_counter()
+    with pytest.raises(OperationTimedOut):
+        session.execute(SimpleStatement(HANGING), timeout=0.3)
+    waited = time.perf_counter() - started
+    (span,) = request_spans(exporter)
+    assert span.attributes["error.type"] == "cassandra.OperationTimedOut"
+    assert span.status.status_code.name == "ERROR"
+    assert [a["adaptive_lb.attempt.outcome"] for a in attempts_of(span)] == ["client_timeout"]
+    assert abs((span.end_time - span.start_time) / 1e9 - waited) <= 0.1 * waited
+
+
+def test_with_the_instrumentation_one_span_per_request(driver_factory, nodes, spans):
+    instrumentation = pytest.importorskip(
+        "opentelemetry.instrumentation.cassandra",
+        reason="needs opentelemetry-instrumentation-cassandra (the dev extra installs it)",
+    )
+    provider, exporter = spans
+    instrumentor = instrumentation.CassandraInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        policy = adaptive_policy()
+        _, session = driver_factory(policy, contact_points=[nodes[0]])
+        adaptive_lb.attach(session, tracer_provider=provider)
+        statement = session.prepare(QUERY)
+        wait_for_pools(session, "dc1")
+        exporter.clear()
+        for k in range(10):
+            session.execute(statement, [k])
+    finally:
+        instrumentor.uninstrument()
+    finished = exporter.get_finished_spans()
+    submits = [s for s in finished if s.instrumentation_scope.name.endswith(".cassandra")]
+    requests = request_spans(exporter)
+    assert len(requests) == 10 and len(submits) == 10
+    # Exactly one span per request claims to be it: the instrumentation's is the submission.
+    claiming = [
+        s for s in finished if s.kind.name == "CLIENT" and "adaptive_lb.role" not in s.attributes
+    ]
+    assert claiming == requests
+    for submit in submits:
+        assert submit.name.endswith(" submit")
+    parents = {s.context.span_id for s in submits}
+    for request in requests:
+        assert request.parent is not None and request.parent.span_id in parents
+        assert [e.name for e in request.events].count(EVENT_NAME) == 1
