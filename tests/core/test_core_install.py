@@ -141,6 +141,41 @@ def test_setup_tracing_without_the_sdk_names_the_extra():
     assert 'pip install "adaptive-lb[otlp]"' in result.stdout
 
 
+def test_attach_with_otlp_but_without_the_extra_is_a_config_error():
+    """A config that enables OTLP export without the extra installed: attach refuses it,
+    naming the key and what to install, and starts nothing."""
+    code = BLOCK_OPTIONAL + textwrap.dedent(
+        """
+        import types
+        from cassandra.policies import DCAwareRoundRobinPolicy
+        import adaptive_lb
+        from adaptive_lb.config import parse_config
+
+        policy = adaptive_lb.AdaptiveLoadBalancingPolicy(DCAwareRoundRobinPolicy("dc1"))
+        profile = types.SimpleNamespace(load_balancing_policy=policy)
+        session = types.SimpleNamespace(
+            cluster=types.SimpleNamespace(
+                profile_manager=types.SimpleNamespace(profiles={"default": profile}),
+                load_balancing_policy=None,
+            ),
+            keyspace=None,
+        )
+        config = parse_config("tracing: {otlp: {endpoint: 'http://127.0.0.1:4318'}}")
+        try:
+            adaptive_lb.attach(session, config)
+        except adaptive_lb.ConfigError as exc:
+            print("ConfigError:", exc, policy.request_tracking)
+        else:
+            print("no error")
+        """
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ConfigError: tracing.otlp.endpoint: set, but"), result.stdout
+    assert 'pip install "adaptive-lb[otlp]"' in result.stdout
+    assert result.stdout.rstrip().endswith("False")
+
+
 def test_plans_tracking_and_health_over_a_real_topology(model):
     policy = make_policy(model)
     keys = murmur3_routing_keys(50, seed=3)

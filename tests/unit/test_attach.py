@@ -1,0 +1,176 @@
+"""``adaptive_lb.attach``: what it refuses (before starting anything), idempotence, closing;
+and the warning of a policy that plans with no request tracking. The real driver end to end
+is in tests/integration/test_attach_simulacron.py."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import types
+
+import pytest
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import SimpleStatement
+from prometheus_client import CollectorRegistry
+
+import adaptive_lb
+from adaptive_lb import AdaptiveLoadBalancingPolicy, ConfigError
+from adaptive_lb.clock import ManualClock
+from adaptive_lb.config import Config, MetricsConfig, ReloadConfig, parse_config
+from adaptive_lb.policy import UNTRACKED_PLANS_BEFORE_WARNING, UNTRACKED_SECONDS_BEFORE_WARNING
+from adaptive_lb.sim.driver_topology import build_cluster
+
+
+class StandInSession:
+    """The parts of a driver Session that attach uses (a live Session needs a server: the
+    integration tests use one)."""
+
+    def __init__(self, policy):
+        profile = types.SimpleNamespace(load_balancing_policy=policy)
+        self.cluster = types.SimpleNamespace(
+            profile_manager=types.SimpleNamespace(profiles={"default": profile}),
+            load_balancing_policy=None,
+        )
+        self.keyspace = None
+        self.listeners = []
+        self.shut_down = False
+
+    def add_request_init_listener(self, fn, *args, **kwargs):
+        self.listeners.append(fn)
+
+    def remove_request_init_listener(self, fn, *args, **kwargs):
+        self.listeners.remove(fn)
+
+    def shutdown(self):
+        self.shut_down = True
+
+
+def make_policy(config=None, clock=None):
+    model = build_cluster({"dc1": [2, 2, 2]}, seed=3, real_cluster=False)
+    policy = AdaptiveLoadBalancingPolicy(
+        TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")), config, clock=clock
+    )
+    policy.populate(model.cluster, model.metadata.all_hosts())
+    return policy
+
+
+def test_attach_is_idempotent_and_shutdown_stops_it():
+    policy = make_policy()
+    session = StandInSession(policy)
+    attachment = adaptive_lb.attach(session)
+    try:
+        assert adaptive_lb.attach(session) is attachment
+        assert len(session.listeners) == 1
+        assert policy.request_tracking
+    finally:
+        session.shutdown()
+    assert session.shut_down and attachment.closed
+    assert not policy.request_tracking and session.listeners == []
+    attachment.close()  # again: nothing happens
+    again = adaptive_lb.attach(session)  # a closed attachment is not reused
+    assert again is not attachment
+    again.close()
+
+
+def test_a_session_without_an_adaptive_policy_is_refused():
+    session = StandInSession(DCAwareRoundRobinPolicy("dc1"))
+    with pytest.raises(ValueError, match="AdaptiveLoadBalancingPolicy"):
+        adaptive_lb.attach(session)
+
+
+def test_hot_reload_without_a_file_is_a_config_error_and_starts_nothing():
+    policy = make_policy()
+    session = StandInSession(policy)
+    config = Config(reload=ReloadConfig(enabled=True))
+    with pytest.raises(ConfigError, match=r"reload\.enabled: true, but attach\(\) was given no"):
+        adaptive_lb.attach(session, config)
+    assert session.listeners == [] and not policy.request_tracking
+
+
+def test_a_taken_metrics_port_is_a_config_error_and_starts_nothing():
+    policy = make_policy()
+    session = StandInSession(policy)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = Config(metrics=MetricsConfig(prometheus_enabled=True, port=port))
+        with pytest.raises(
+            ConfigError, match=rf"metrics\.port: cannot serve /metrics on .*:{port}"
+        ):
+            adaptive_lb.attach(session, config, registry=CollectorRegistry())
+    assert session.listeners == [] and not policy.request_tracking
+
+
+def test_a_config_file_is_applied_to_the_policies(tmp_path):
+    policy = make_policy()
+    session = StandInSession(policy)
+    path = tmp_path / "adaptive-lb.yaml"
+    path.write_text("policy: {sample_size: 3}\n")
+    attachment = adaptive_lb.attach(session, path)
+    try:
+        assert policy.config.policy.sample_size == 3
+        assert attachment.path == str(path) and attachment.watcher is None
+    finally:
+        attachment.close()
+
+
+def test_an_invalid_config_file_names_the_key(tmp_path):
+    policy = make_policy()
+    session = StandInSession(policy)
+    path = tmp_path / "adaptive-lb.yaml"
+    path.write_text("policy: {sample_size: 0}\n")
+    with pytest.raises(ConfigError, match=r"policy\.sample_size: must be >= 1"):
+        adaptive_lb.attach(session, path)
+    assert policy.config.policy.sample_size == 8 and session.listeners == []
+
+
+def plan(policy, count):
+    statement = SimpleStatement("q", keyspace="ks")
+    for _ in range(count):
+        list(policy.make_query_plan("ks", statement))
+
+
+def warnings_in(caplog):
+    return [r for r in caplog.records if r.levelno == logging.WARNING and "tracking" in r.message]
+
+
+def test_planning_without_tracking_warns_once_after_a_bounded_number_of_plans(caplog):
+    policy = make_policy(clock=ManualClock(0))
+    caplog.set_level(logging.WARNING, logger="adaptive_lb.policy")
+    plan(policy, UNTRACKED_PLANS_BEFORE_WARNING - 1)
+    assert warnings_in(caplog) == []
+    plan(policy, 1)
+    (warning,) = warnings_in(caplog)
+    assert "adaptive_lb.attach(session)" in warning.message
+    plan(policy, 5 * UNTRACKED_PLANS_BEFORE_WARNING)
+    assert len(warnings_in(caplog)) == 1
+    assert policy.untracked_plans == 6 * UNTRACKED_PLANS_BEFORE_WARNING
+    assert not policy.request_tracking
+
+
+def test_planning_without_tracking_warns_after_a_bounded_time(caplog):
+    clock = ManualClock(0)
+    policy = make_policy(clock=clock)
+    caplog.set_level(logging.WARNING, logger="adaptive_lb.policy")
+    plan(policy, 1)
+    clock.advance_s(UNTRACKED_SECONDS_BEFORE_WARNING)
+    plan(policy, 1)
+    assert len(warnings_in(caplog)) == 1
+
+
+def test_a_tracked_policy_never_warns(caplog):
+    policy = make_policy(clock=ManualClock(0))
+    session = StandInSession(policy)
+    caplog.set_level(logging.WARNING, logger="adaptive_lb.policy")
+    attachment = adaptive_lb.attach(session)
+    try:
+        plan(policy, 2 * UNTRACKED_PLANS_BEFORE_WARNING)
+    finally:
+        attachment.close()
+    assert warnings_in(caplog) == [] and policy.untracked_plans == 0
+
+
+def test_parse_config_reload_section():
+    config = parse_config("reload: {enabled: true, interval: 250ms}\n")
+    assert config.reload == ReloadConfig(enabled=True, interval=0.25)

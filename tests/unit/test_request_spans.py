@@ -1,0 +1,241 @@
+"""Request spans and ``db.client.operation.duration`` with the real OpenTelemetry SDK, on
+the attempts objects the driver hooks call (the driver end to end is in
+tests/integration/test_attach_simulacron.py)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from cassandra import ConsistencyLevel, OperationTimedOut
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.protocol import OverloadedErrorMessage, QueryMessage, ResultMessage
+from cassandra.query import BatchStatement, SimpleStatement
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from adaptive_lb import AdaptiveLoadBalancingPolicy
+from adaptive_lb.clock import ManualClock
+from adaptive_lb.config import Config, MetricsConfig, PrivacyConfig, TracingConfig
+from adaptive_lb.request_spans import (
+    ATTEMPT_EVENT,
+    DURATION_METRIC,
+    RequestTelemetry,
+    operation_name,
+)
+from adaptive_lb.sim.driver_topology import build_cluster
+from adaptive_lb.tracing import EVENT_NAME
+
+MS = 1_000_000
+TEXT = "SELECT v FROM ks.t WHERE k = 42"
+
+
+@pytest.fixture
+def traced():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter
+    provider.shutdown()
+
+
+def setup(provider, config=None, *, root_spans=True, meter_provider=None):
+    clock = ManualClock(0)
+    model = build_cluster({"dc1": [2, 2, 2]}, seed=3, real_cluster=False)
+    config = config or Config()
+    policy = AdaptiveLoadBalancingPolicy(
+        TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")),
+        config,
+        clock=clock,
+        tracer_provider=provider,
+    )
+    policy.populate(model.cluster, model.metadata.all_hosts())
+    telemetry = RequestTelemetry(
+        config, tracer_provider=provider, meter_provider=meter_provider, root_spans=root_spans
+    )
+    policy.send_decisions_to_requests(telemetry.spans, without_parent=telemetry.root_spans)
+    return model, policy, telemetry, clock
+
+
+def future_for(statement, keyspace="ks"):
+    return types.SimpleNamespace(
+        query=statement,
+        session=types.SimpleNamespace(keyspace=keyspace),
+        message=QueryMessage(TEXT, ConsistencyLevel.LOCAL_QUORUM, fetch_size=500),
+    )
+
+
+def events_of(span):
+    return [dict(e.attributes) for e in span.events if e.name == ATTEMPT_EVENT]
+
+
+def test_a_retried_request_is_one_span_with_two_attempts(traced):
+    provider, exporter = traced
+    _model, policy, telemetry, clock = setup(provider)
+    statement = SimpleStatement(TEXT, keyspace="ks")
+    plan = list(policy.make_query_plan("ks", statement))
+    attempts = telemetry.observe(future_for(statement), policy)
+    first, second = plan[0], plan[1]
+    attempts.sent(first)
+    clock.advance(2 * MS)
+    attempts.answered(first, OverloadedErrorMessage(0x1001, "busy", None))
+    attempts.sent(second)
+    clock.advance(3 * MS)
+    attempts.answered(second, ResultMessage(2))
+    assert exporter.get_finished_spans() == ()  # not ended before the final result
+    attempts.ended(None)
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "SELECT ks" and span.kind.name == "CLIENT"
+    attributes = span.attributes
+    assert attributes["db.system.name"] == "cassandra"
+    assert attributes["db.namespace"] == "ks"
+    assert attributes["db.operation.name"] == "SELECT"
+    assert attributes["cassandra.consistency.level"] == "local_quorum"
+    assert attributes["cassandra.page.size"] == 500
+    assert attributes["cassandra.query.idempotent"] is False
+    assert attributes["server.address"] == str(second.address)
+    assert attributes["cassandra.coordinator.dc"] == "dc1"
+    assert attributes["cassandra.speculative_execution.count"] == 0
+    assert "error.type" not in attributes and "db.query.text" not in attributes
+    one, two = events_of(span)
+    assert (one["server.address"], one["adaptive_lb.attempt.outcome"]) == (
+        str(first.address),
+        "error",
+    )
+    assert one["db.response.status_code"] == "4097"
+    assert one["adaptive_lb.attempt.duration"] == pytest.approx(0.002)
+    assert (two["adaptive_lb.attempt.kind"], two["adaptive_lb.attempt.outcome"]) == (
+        "retry",
+        "success",
+    )
+    # The plan's decision, made before the request existed, is on the request's span.
+    (decision,) = [e for e in span.events if e.name == EVENT_NAME]
+    assert decision.attributes["server.address"] == str(first.address)
+    assert policy.stats.get(first).in_flight == policy.stats.get(second).in_flight == 0
+
+
+def test_a_speculative_execution_and_a_client_timeout(traced):
+    provider, exporter = traced
+    model, policy, telemetry, clock = setup(provider)
+    statement = SimpleStatement(TEXT, keyspace="ks", is_idempotent=True)
+    attempts = telemetry.observe(future_for(statement), policy)
+    attempts.sent(model.hosts[0])
+    clock.advance(50 * MS)
+    attempts.sent(model.hosts[1])  # raced while the first is outstanding
+    clock.advance(250 * MS)
+    attempts.ended(OperationTimedOut({}, model.hosts[1]))
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes["cassandra.speculative_execution.count"] == 1
+    assert span.attributes["cassandra.query.idempotent"] is True
+    assert span.attributes["error.type"] == "cassandra.OperationTimedOut"
+    assert span.status.status_code.name == "ERROR"
+    outcomes = [
+        (e["adaptive_lb.attempt.kind"], e["adaptive_lb.attempt.outcome"]) for e in events_of(span)
+    ]
+    assert sorted(outcomes) == [("first", "client_timeout"), ("speculative", "client_timeout")]
+    assert all(policy.stats.get(h).in_flight == 0 for h in model.hosts[:2])
+
+
+def test_nothing_recording_means_plain_tracking(traced):
+    provider, _exporter = traced
+    _model, policy, telemetry, _clock = setup(provider, root_spans=False)
+    statement = SimpleStatement(TEXT, keyspace="ks")
+    assert telemetry.observe(future_for(statement), policy) is None
+    list(policy.make_query_plan("ks", statement))
+    assert policy.take_decision(statement) is None  # no span current: no decision made
+
+
+def test_under_an_application_span_the_request_is_its_child(traced):
+    provider, exporter = traced
+    model, policy, telemetry, _clock = setup(provider, root_spans=False)
+    statement = SimpleStatement(TEXT, keyspace="ks")
+    with provider.get_tracer("app").start_as_current_span("handler") as parent:
+        list(policy.make_query_plan("ks", statement))
+        attempts = telemetry.observe(future_for(statement), policy)
+    attempts.sent(model.hosts[0])
+    attempts.answered(model.hosts[0], ResultMessage(2))
+    attempts.ended(None)
+    request = next(s for s in exporter.get_finished_spans() if s.name == "SELECT ks")
+    assert request.parent.span_id == parent.get_span_context().span_id
+    handler = next(s for s in exporter.get_finished_spans() if s.name == "handler")
+    assert [e.name for e in handler.events] == []  # the decision went to the request span
+    assert [e.name for e in request.events].count(EVENT_NAME) == 1
+
+
+def test_later_pages_do_not_touch_the_ended_span(traced):
+    provider, exporter = traced
+    model, policy, telemetry, _clock = setup(provider)
+    statement = SimpleStatement(TEXT, keyspace="ks")
+    attempts = telemetry.observe(future_for(statement), policy)
+    for _page in range(3):  # the driver reuses the future for each page
+        attempts.sent(model.hosts[0])
+        attempts.answered(model.hosts[0], ResultMessage(2))
+        attempts.ended(None)
+    (span,) = exporter.get_finished_spans()
+    assert len(events_of(span)) == 1
+    assert policy.stats.get(model.hosts[0]).requests_total == 3
+
+
+def test_privacy_statement_text_only_when_allowed(traced):
+    provider, exporter = traced
+    for allowed in (False, True):
+        exporter.clear()
+        config = Config(privacy=PrivacyConfig(statement_text=allowed))
+        model, policy, telemetry, _clock = setup(provider, config)
+        statement = SimpleStatement(TEXT, keyspace="ks")
+        attempts = telemetry.observe(future_for(statement), policy)
+        attempts.sent(model.hosts[0])
+        attempts.answered(model.hosts[0], ResultMessage(2))
+        attempts.ended(None)
+        (span,) = exporter.get_finished_spans()
+        assert ("db.query.text" in span.attributes) is allowed
+        assert "42" not in span.name
+
+
+def test_request_spans_off_by_config(traced):
+    provider, _exporter = traced
+    config = Config(tracing=TracingConfig(request_spans=False))
+    _model, policy, telemetry, _clock = setup(provider, config)
+    assert telemetry.observe(future_for(SimpleStatement(TEXT)), policy) is None
+
+
+def test_the_duration_histogram_in_seconds():
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    config = Config(tracing=TracingConfig(enabled=False), metrics=MetricsConfig(otel_enabled=True))
+    model, policy, telemetry, clock = setup(None, config, meter_provider=meters)
+    statement = SimpleStatement(TEXT, keyspace="ks")
+    for outcome in (ResultMessage(2), None):
+        attempts = telemetry.observe(future_for(statement), policy)
+        attempts.sent(model.hosts[0])
+        clock.advance(4 * MS)
+        if outcome is not None:
+            attempts.answered(model.hosts[0], outcome)
+            attempts.ended(None)
+        else:
+            attempts.ended(OperationTimedOut({}, model.hosts[0]))
+    (metric,) = [
+        m
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == DURATION_METRIC
+    ]
+    assert metric.unit == "s"
+    points = {p.attributes.get("error.type"): p for p in metric.data.data_points}
+    assert set(points) == {None, "cassandra.OperationTimedOut"}
+    ok = points[None]
+    assert ok.count == 1 and ok.sum == pytest.approx(0.004)
+    assert ok.attributes["db.system.name"] == "cassandra"
+    assert ok.attributes["server.address"] == str(model.hosts[0].address)
+
+
+def test_operation_names():
+    assert operation_name(SimpleStatement("  select * from t")) == "SELECT"
+    assert operation_name(SimpleStatement("BEGIN BATCH INSERT ...")) == "BATCH"
+    assert operation_name(BatchStatement()) == "BATCH"
+    assert operation_name(SimpleStatement("frobnicate the table")) is None
+    assert operation_name(SimpleStatement("")) is None
