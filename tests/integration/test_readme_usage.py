@@ -1,0 +1,65 @@
+"""The README's usage program, run as a user would (a fresh Python process) against
+Simulacron. Only what must differ here is substituted: the contact point, the Prometheus
+port (a free one), and ``protocol_version=4, compression=False`` (what Simulacron needs;
+see tests/integration/simulacron.py)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.simulacron import Simulacron
+
+pytestmark = pytest.mark.integration
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+CLUSTER = "readme"
+
+
+def usage_program() -> str:
+    """The first ``python`` block of the README."""
+    match = re.search(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert match, "README.md has no python block"
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def nodes(simulacron: Simulacron) -> Iterator[list[str]]:
+    created = simulacron.create_cluster(CLUSTER, [["r1", "r2", "r3"]])
+    try:
+        yield created["dc1"]
+    finally:
+        simulacron.remove_cluster(CLUSTER)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_the_readme_usage_program_runs(nodes):
+    program = usage_program()
+    assert program.count('["127.0.0.1"],') == 1 and program.count("9464") >= 1
+    port = free_port()
+    program = program.replace(
+        '["127.0.0.1"],', f'["{nodes[0]}"], protocol_version=4, compression=False,'
+    ).replace("9464", str(port))
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("release ")
+    hosts = [line.split() for line in lines[1:]]
+    assert sorted(h[0] for h in hosts) == sorted(nodes)
+    assert {h[1] for h in hosts} == {"r1", "r2", "r3"}
+    assert all(h[2] == "healthy" for h in hosts)
+    assert sum(int(h[3]) for h in hosts) >= 1  # the query was tracked
+    assert "WARNING" not in result.stderr  # attach was called: no half-setup warning
