@@ -282,3 +282,74 @@ def test_with_the_instrumentation_one_span_per_request(driver_factory, nodes, sp
     for request in requests:
         assert request.parent is not None and request.parent.span_id in parents
         assert [e.name for e in request.events].count(EVENT_NAME) == 1
+
+
+def span_tree(spans) -> str:
+    """The spans as an indented tree with their attributes and events (the trace shown in
+    docs/observability.md comes from this)."""
+    by_parent: dict[int | None, list] = {}
+    ids = {s.context.span_id for s in spans}
+    for span in sorted(spans, key=lambda s: s.start_time):
+        parent = span.parent.span_id if span.parent and span.parent.span_id in ids else None
+        by_parent.setdefault(parent, []).append(span)
+    lines: list[str] = []
+
+    def show(span, depth: int) -> None:
+        pad = "  " * depth
+        millis = (span.end_time - span.start_time) / 1e6
+        lines.append(f"{pad}{span.name}  [{span.kind.name}, {millis:.1f} ms]")
+        for key, value in sorted(span.attributes.items()):
+            lines.append(f"{pad}  {key} = {value!r}")
+        for event in span.events:
+            offset = (event.timestamp - span.start_time) / 1e6
+            lines.append(f"{pad}  @{offset:.1f} ms event {event.name}")
+            for key, value in event.attributes.items():
+                if key.startswith("adaptive_lb.candidates."):
+                    continue  # arrays per candidate: long, see the decision section
+                lines.append(f"{pad}    {key} = {value!r}")
+        for child in by_parent.get(span.context.span_id, []):
+            show(child, depth + 1)
+
+    for root in by_parent.get(None, []):
+        show(root, 0)
+    return "\n".join(lines)
+
+
+def test_a_retried_request_as_jaeger_shows_it(driver_factory, nodes, spans):
+    """Application span > the instrumentation's submit span > the request span, on which
+    the decision and both attempts (overloaded, then the answer) are events."""
+    instrumentation = pytest.importorskip(
+        "opentelemetry.instrumentation.cassandra",
+        reason="needs opentelemetry-instrumentation-cassandra (the dev extra installs it)",
+    )
+    provider, exporter = spans
+    instrumentor = instrumentation.CassandraInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        policy = adaptive_policy()
+        _, session = driver_factory(policy, contact_points=[nodes[0]])
+        adaptive_lb.attach(session, tracer_provider=provider)
+        statement = session.prepare(OVERLOADED)
+        wait_for_pools(session, "dc1")
+        tracer = provider.get_tracer("app")
+        for k in range(40):
+            exporter.clear()
+            with tracer.start_as_current_span("GET /users/{id}"):
+                session.execute(statement, [k])
+            (request,) = request_spans(exporter)
+            if len(attempts_of(request)) == 2:
+                break
+        else:
+            pytest.fail("no request was planned on the overloaded node first")
+    finally:
+        instrumentor.uninstrument()
+    finished = exporter.get_finished_spans()
+    app = next(s for s in finished if s.name == "GET /users/{id}")
+    submit = next(s for s in finished if s.name.endswith(" submit"))
+    assert submit.parent.span_id == app.context.span_id
+    assert request.parent.span_id == submit.context.span_id
+    assert [e.name for e in request.events] == [EVENT_NAME, ATTEMPT_EVENT, ATTEMPT_EVENT]
+    tree = span_tree(finished)
+    out = os.environ.get("ADAPTIVE_LB_TRACE_OUT")
+    if out:
+        Path(out).write_text(tree + "\n")
