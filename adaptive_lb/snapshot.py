@@ -1,73 +1,186 @@
-"""Point-in-time views of the policy for exporters, the CLI and traces.
+"""Point-in-time views of the policy for people and programs: exporters, the CLI, traces,
+``json.dumps``.
 
 A snapshot is made of numbers already computed (the health model's last window statistics,
 plain counters); taking one never computes a percentile.
+
+Naming: every duration and time is in seconds and its field name ends in ``_seconds``;
+``window_*`` fields cover the sliding statistics window as of the last health refresh;
+``*_total`` fields count since the host was first seen (or the policy was made). Each
+field's ``metadata["as_of"]`` says which (``now``, ``refresh``, ``lifetime`` or
+``config``; see :data:`AS_OF`). :meth:`PolicySnapshot.to_dict` gives plain JSON-able data,
+:meth:`PolicySnapshot.to_json` a JSON text. ``docs/observability.md`` ("The snapshot")
+documents every field; its tables are generated from the docstrings below.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from attrs import define
+from attrs import define, field
 
 if TYPE_CHECKING:
+    import cattrs
+
     from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
 
-__all__ = ["HostSnapshot", "PolicySnapshot", "take_snapshot"]
+__all__ = ["AS_OF", "HostSnapshot", "PolicySnapshot", "take_snapshot"]
 
 log = logging.getLogger("adaptive_lb.exporters")
+
+AS_OF = {
+    "now": "read when the snapshot is taken",
+    "refresh": "as of the last health refresh (every health.refresh_interval)",
+    "lifetime": "counted since the host was first seen, or the policy was made; never goes down",
+    "config": "from the config in force",
+}
+"""The values of each snapshot field's ``metadata["as_of"]``: when its number was made."""
+
+_NS = 1_000_000_000
+_NOW = {"as_of": "now"}
+_REFRESH = {"as_of": "refresh"}
+_LIFETIME = {"as_of": "lifetime"}
+_CONFIG = {"as_of": "config"}
+
+
+@functools.cache
+def _converter() -> cattrs.Converter:
+    # Made (and cattrs imported) on first use: importing the policy stays cheap. Tuples
+    # become lists, so that to_dict() == json.loads(json.dumps(to_dict())).
+    import cattrs
+
+    return cattrs.Converter(unstruct_collection_overrides={Sequence: list})
 
 
 @define(frozen=True, slots=True)
 class HostSnapshot:
-    """One host as the policy sees it."""
+    """One host as the policy sees it. See ``docs/observability.md``, "The snapshot"."""
 
-    address: str
-    port: int | None
-    datacenter: str | None
-    rack: str | None
-    is_local: bool
-    """The child policy's distance is LOCAL or LOCAL_RACK."""
-    live: bool
-    in_flight: int
-    requests: int
-    """Requests completed in the current statistics window (as of the last health refresh)."""
-    errors: int
-    timeouts: int
-    latency_p50: float | None
-    """Seconds; None when the window holds no latency sample."""
-    latency_p95: float | None
-    latency_p99: float | None
-    health_state: str
-    health_penalty: float
-    rack_penalty: float
-    """Score multiplier for the host's rack: 1 in the client's rack, else
-    ``non_local_rack_penalty`` x the rack's measured proximity factor."""
-    health_since_ns: int
-    health_reason: str
-    requests_total: int
-    """Since the host was first seen (monotonic counters, for Prometheus ``_total``)."""
-    errors_total: int
-    timeouts_total: int
+    address: str = field(metadata=_NOW)
+    """The host's address (``str(host.address)``)."""
+    port: int | None = field(metadata=_NOW)
+    """The host's port, when its endpoint has one."""
+    datacenter: str | None = field(metadata=_NOW)
+    """The host's datacenter, as the driver's metadata says."""
+    rack: str | None = field(metadata=_NOW)
+    """The host's rack, as the driver's metadata says."""
+    is_local: bool = field(metadata=_NOW)
+    """The child policy's distance is LOCAL or LOCAL_RACK: the host can be a candidate."""
+    live: bool = field(metadata=_NOW)
+    """The driver reports the host up."""
+    in_flight: int = field(metadata=_NOW)
+    """Attempts sent to the host and not yet ended."""
+    window_requests: int = field(metadata=_REFRESH)
+    """Attempts that ended with an outcome (success, error or timeout) in the statistics
+    window; 0 before the first health refresh that saw the host."""
+    window_errors: int = field(metadata=_REFRESH)
+    """Attempts that failed in the statistics window (timeouts not included)."""
+    window_timeouts: int = field(metadata=_REFRESH)
+    """Attempts that timed out in the statistics window."""
+    window_error_rate: float = field(metadata=_REFRESH)
+    """(window_errors + window_timeouts) / window_requests, 0 without requests: the rate
+    the ERRORING rule compares with ``health.error_rate``."""
+    window_samples: int = field(metadata=_REFRESH)
+    """Latency samples in the statistics window, behind the percentiles: successes,
+    timeouts and slow errors (a fast error has no latency sample)."""
+    window_latency_p50_seconds: float | None = field(metadata=_REFRESH)
+    """Median latency over the statistics window; None without a sample."""
+    window_latency_p95_seconds: float | None = field(metadata=_REFRESH)
+    """95th percentile latency over the statistics window; None without a sample."""
+    window_latency_p99_seconds: float | None = field(metadata=_REFRESH)
+    """99th percentile latency over the statistics window; None without a sample."""
+    health_state: str = field(metadata=_REFRESH)
+    """``healthy``, ``warming``, ``slow`` or ``erroring``."""
+    health_penalty: float = field(metadata=_REFRESH)
+    """Multiplier of the host's load score from its health: 1 when healthy, more when not
+    (a warming host's decreases refresh by refresh)."""
+    health_reason: str = field(metadata=_REFRESH)
+    """Why the host is in its health state, with the numbers (latencies in seconds); empty
+    before the first verdict."""
+    health_state_age_seconds: float | None = field(metadata=_NOW)
+    """How long the host has been in ``health_state``, at ``taken_seconds``; None before
+    the first verdict."""
+    rack_penalty: float = field(metadata=_REFRESH)
+    """Multiplier of the host's load score from its rack: 1 in the client's rack (or when
+    none is known), else ``non_local_rack_penalty`` x the rack's measured proximity."""
+    requests_total: int = field(metadata=_LIFETIME)
+    """Attempts that ended with an outcome (success, error or timeout)."""
+    errors_total: int = field(metadata=_LIFETIME)
+    """Attempts that failed (timeouts not included)."""
+    timeouts_total: int = field(metadata=_LIFETIME)
+    """Attempts that timed out."""
+    abandons_total: int = field(metadata=_LIFETIME)
+    """Attempts released without an outcome (another attempt won, or shutdown)."""
+    unsent_total: int = field(metadata=_LIFETIME)
+    """Attempts counted in flight that the driver then could not write to the host."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data: ``{field name: value}``."""
+        result: dict[str, Any] = _converter().unstructure(self)
+        return result
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HostSnapshot:
+        """The snapshot :meth:`to_dict` gave ``data`` for (e.g. after ``json.loads``)."""
+        return _converter().structure(data, cls)
 
 
 @define(frozen=True, slots=True)
 class PolicySnapshot:
-    """The whole policy: hosts, replica cache and error counters, and the config in force."""
+    """The whole policy: its counters, the config in force and every known host. See
+    ``docs/observability.md``, "The snapshot"."""
 
-    taken_ns: int
-    config_hash: str
-    hosts: tuple[HostSnapshot, ...]
-    replica_cache_size: int
-    replica_cache_hits: int
-    replica_cache_misses: int
-    replica_cache_evictions: int
-    replica_cache_invalidations: int
-    internal_errors: int
+    taken_seconds: float = field(metadata=_NOW)
+    """When the snapshot was taken, on the policy's monotonic clock: only differences
+    between two snapshots mean something (a rate is the difference of a ``*_total`` over
+    the difference of ``taken_seconds``)."""
+    config_hash: str = field(metadata=_NOW)
+    """Short content hash of the config in force."""
+    window_seconds: float = field(metadata=_CONFIG)
+    """Length of the statistics window (``tracking.window``) behind the ``window_*``
+    fields."""
+    health_refresh_interval_seconds: float = field(metadata=_CONFIG)
+    """Time between health refreshes (``health.refresh_interval``): how stale the
+    ``window_*`` and ``health_*`` fields can be while refreshes run."""
+    health_refreshes: int = field(metadata=_LIFETIME)
+    """Health refreshes done; 0 means every ``window_*`` field is still empty."""
+    request_tracking: bool = field(metadata=_NOW)
+    """Request tracking is attached (``adaptive_lb.attach`` or ``instrument``): while
+    False every host looks idle and unmeasured."""
+    untracked_plans: int = field(metadata=_LIFETIME)
+    """Plans made while no request tracking was attached."""
+    untracked_attempts: int = field(metadata=_LIFETIME)
+    """Attempts sent to a host the policy does not know (removed, or never seen): not
+    counted in any host."""
+    unknown_host_events: int = field(metadata=_LIFETIME)
+    """Up / down events for hosts the policy does not know: ignored."""
+    decisions_by_position: dict[str, int] = field(metadata=_LIFETIME, hash=False)
+    """Plans made, by the origin of their first host: ``replica``, ``non_replica``,
+    ``local``, ``child``, ``fallback``."""
+    replica_cache_size: int = field(metadata=_NOW)
+    """Entries in the replica cache."""
+    replica_cache_hits: int = field(metadata=_LIFETIME)
+    """Replica lookups answered by the cache."""
+    replica_cache_misses: int = field(metadata=_LIFETIME)
+    """Replica lookups the cache could not answer."""
+    replica_cache_evictions: int = field(metadata=_LIFETIME)
+    """Entries evicted from the full replica cache."""
+    replica_cache_invalidations: int = field(metadata=_LIFETIME)
+    """Times the replica cache was emptied (topology or schema changes)."""
+    internal_errors: int = field(metadata=_LIFETIME)
     """Exceptions caught inside adaptive-lb, every stage together."""
-    plan_fallbacks: int = 0
+    internal_errors_by_stage: dict[str, int] = field(metadata=_LIFETIME, hash=False)
+    """``internal_errors`` by stage (every stage listed, zeros included)."""
+    plan_fallbacks: int = field(metadata=_LIFETIME)
     """Plans answered with the child's plan after an internal error (stage ``plan``)."""
+    config_reloads: dict[str, int] = field(metadata=_LIFETIME, hash=False)
+    """Config reloads by result: ``success``, ``failure``."""
+    hosts: tuple[HostSnapshot, ...] = field(metadata=_NOW)
+    """Every host the policy knows, by datacenter, rack and address."""
 
     @property
     def replica_cache_hit_ratio(self) -> float:
@@ -78,8 +191,9 @@ class PolicySnapshot:
     @classmethod
     def of(cls, policy: AdaptiveLoadBalancingPolicy) -> PolicySnapshot:
         """``policy``'s numbers now: in-flight as of now, window counts, percentiles and
-        health as of the last health refresh, cache and error counters. Reads only the
-        policy's public attributes; computes no percentile."""
+        health as of the last health refresh, lifetime counters. Reads only the policy's
+        public attributes; computes no percentile."""
+        now_ns = policy.clock.now_ns()
         health = policy.health
         hosts = []
         for view in policy.topology.by_id.values():
@@ -97,36 +211,53 @@ class PolicySnapshot:
                     is_local=view.is_local,
                     live=view.live,
                     in_flight=stats.in_flight,
-                    requests=window.requests if window is not None else 0,
-                    errors=window.errors if window is not None else 0,
-                    timeouts=window.timeouts if window is not None else 0,
-                    latency_p50=latency.get(50.0),
-                    latency_p95=latency.get(95.0),
-                    latency_p99=latency.get(99.0),
+                    window_requests=window.requests if window is not None else 0,
+                    window_errors=window.errors if window is not None else 0,
+                    window_timeouts=window.timeouts if window is not None else 0,
+                    window_error_rate=window.error_rate if window is not None else 0.0,
+                    window_samples=window.samples if window is not None else 0,
+                    window_latency_p50_seconds=latency.get(50.0),
+                    window_latency_p95_seconds=latency.get(95.0),
+                    window_latency_p99_seconds=latency.get(99.0),
                     health_state=stats.health_state.value,
                     health_penalty=stats.health_penalty,
-                    rack_penalty=stats.rack_penalty,
-                    health_since_ns=verdict.since_ns if verdict is not None else 0,
                     health_reason=verdict.reason if verdict is not None else "",
+                    health_state_age_seconds=(
+                        max(0, now_ns - verdict.since_ns) / _NS if verdict is not None else None
+                    ),
+                    rack_penalty=stats.rack_penalty,
                     requests_total=stats.requests_total,
                     errors_total=stats.errors_total,
                     timeouts_total=stats.timeouts_total,
+                    abandons_total=stats.abandons_total,
+                    unsent_total=stats.unsent_total,
                 )
             )
         hosts.sort(key=lambda h: (h.datacenter or "", h.rack or "", h.address))
         cache = policy.replica_cache
         errors = policy.internal_errors_by_stage
+        config = policy.config
         return cls(
-            taken_ns=policy.clock.now_ns(),
+            taken_seconds=now_ns / _NS,
             config_hash=policy.config_hash,
-            hosts=tuple(hosts),
+            window_seconds=config.tracking.window,
+            health_refresh_interval_seconds=config.health.refresh_interval,
+            health_refreshes=health.refreshes,
+            request_tracking=policy.request_tracking,
+            untracked_plans=policy.untracked_plans,
+            untracked_attempts=policy.untracked_attempts,
+            unknown_host_events=policy.unknown_host_events,
+            decisions_by_position=dict(policy.decisions_by_position),
             replica_cache_size=len(cache) if cache is not None else 0,
             replica_cache_hits=cache.hits if cache is not None else 0,
             replica_cache_misses=cache.misses if cache is not None else 0,
             replica_cache_evictions=cache.evictions if cache is not None else 0,
             replica_cache_invalidations=cache.invalidations if cache is not None else 0,
             internal_errors=sum(errors.values()),
+            internal_errors_by_stage=errors,
             plan_fallbacks=errors["plan"],
+            config_reloads=dict(policy.config_reloads),
+            hosts=tuple(hosts),
         )
 
     def host(self, address: str) -> HostSnapshot | None:
@@ -135,6 +266,21 @@ class PolicySnapshot:
             if host.address == address:
                 return host
         return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data: ``{field name: value}``, ``hosts`` a list of
+        :meth:`HostSnapshot.to_dict`. ``json.dumps(snapshot.to_dict())`` works."""
+        result: dict[str, Any] = _converter().unstructure(self)
+        return result
+
+    def to_json(self, indent: int | None = None) -> str:
+        """``json.dumps(self.to_dict(), indent=indent)``."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PolicySnapshot:
+        """The snapshot :meth:`to_dict` gave ``data`` for (e.g. after ``json.loads``)."""
+        return _converter().structure(data, cls)
 
 
 def take_snapshot(policy: Any) -> PolicySnapshot | None:

@@ -4,29 +4,31 @@ nothing is recorded per request.
 
 Instruments (attributes ``policy``, and for hosts ``server.address``, ``dc``, ``rack``):
 
-=======================================  =========================  ==========================
-instrument                               kind                       Prometheus family
-=======================================  =========================  ==========================
-``adaptive_lb.host.in_flight``           gauge                      ``adaptive_lb_host_in_flight``
-``adaptive_lb.host.latency`` (s)         gauge, ``quantile``        ``..._latency_seconds``
-``adaptive_lb.host.window_requests``     gauge                      ``..._window_requests``
-``adaptive_lb.host.requests``            counter                    ``..._requests_total``
-``adaptive_lb.host.errors``              counter                    ``..._errors_total``
-``adaptive_lb.host.timeouts``            counter                    ``..._timeouts_total``
-``adaptive_lb.host.health``              gauge, ``state`` (1 / 0)   ``adaptive_lb_host_health``
-``adaptive_lb.host.penalty``             gauge                      ``adaptive_lb_host_penalty``
-``adaptive_lb.host.rack_penalty``        gauge                      ``..._rack_penalty``
-``adaptive_lb.decisions``                counter, ``position``      ``..._decisions_total``
-``adaptive_lb.replica_cache.hits`` ...   counters (hits, misses,    ``..._replica_cache_*``
-                                         evictions, invalidations)
-``adaptive_lb.replica_cache.size``       gauge                      ``..._replica_cache_size``
-``adaptive_lb.plan_fallbacks``           counter                    ``..._plan_fallbacks_total``
-``adaptive_lb.internal_errors``          counter, ``stage``         ``..._internal_errors_total``
-``adaptive_lb.config.reloads``           counter, ``result``        ``..._config_reloads_total``
-``adaptive_lb.config.info``              gauge = 1, ``hash``        ``adaptive_lb_config_info``
-``adaptive_lb.trace.spans.exported``     counter (process-wide)     ``..._spans_exported_total``
-``adaptive_lb.trace.spans.dropped``      counter, ``reason``        ``..._spans_dropped_total``
-=======================================  =========================  ==========================
+=========================================  =========================  ==========================
+instrument                                 kind                       Prometheus family
+=========================================  =========================  ==========================
+``adaptive_lb.host.in_flight``             gauge                      ``adaptive_lb_host_in_flight``
+``adaptive_lb.host.latency`` (s)           gauge, ``quantile``        ``..._latency_seconds``
+``adaptive_lb.host.window_requests``       gauge                      ``..._window_requests``
+``adaptive_lb.host.requests``              counter                    ``..._requests_total``
+``adaptive_lb.host.errors``                counter                    ``..._errors_total``
+``adaptive_lb.host.timeouts``              counter                    ``..._timeouts_total``
+``adaptive_lb.host.health``                gauge, ``state`` (1 / 0)   ``adaptive_lb_host_health``
+``adaptive_lb.host.penalty``               gauge                      ``adaptive_lb_host_penalty``
+``adaptive_lb.host.rack_penalty``          gauge                      ``..._rack_penalty``
+``adaptive_lb.decisions``                  counter, ``position``      ``..._decisions_total``
+``adaptive_lb.replica_cache.hits`` ...     counters (hits, misses,    ``..._replica_cache_*``
+                                           evictions, invalidations)
+``adaptive_lb.replica_cache.size``         gauge                      ``..._replica_cache_size``
+``adaptive_lb.plan_fallbacks``             counter                    ``..._plan_fallbacks_total``
+``adaptive_lb.request_tracking.attached``  gauge (1 / 0)              ``..._tracking_attached``
+``adaptive_lb.untracked_plans``            counter                    ``..._untracked_plans_total``
+``adaptive_lb.internal_errors``            counter, ``stage``         ``..._internal_errors_total``
+``adaptive_lb.config.reloads``             counter, ``result``        ``..._config_reloads_total``
+``adaptive_lb.config.info``                gauge = 1, ``hash``        ``adaptive_lb_config_info``
+``adaptive_lb.trace.spans.exported``       counter (process-wide)     ``..._spans_exported_total``
+``adaptive_lb.trace.spans.dropped``        counter, ``reason``        ``..._spans_dropped_total``
+=========================================  =========================  ==========================
 """
 
 from __future__ import annotations
@@ -43,7 +45,11 @@ from adaptive_lb.snapshot import take_snapshot
 
 __all__ = ["register_otel_metrics"]
 
-_QUANTILES = (("0.5", "latency_p50"), ("0.95", "latency_p95"), ("0.99", "latency_p99"))
+_QUANTILES = (
+    ("0.5", "window_latency_p50_seconds"),
+    ("0.95", "window_latency_p95_seconds"),
+    ("0.99", "window_latency_p99_seconds"),
+)
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
@@ -135,7 +141,9 @@ def register_otel_metrics(
         gauge("adaptive_lb.host.in_flight", [per_host(lambda h: h.in_flight)], unit="{request}"),
         gauge("adaptive_lb.host.latency", [latency], unit="s"),
         gauge(
-            "adaptive_lb.host.window_requests", [per_host(lambda h: h.requests)], unit="{request}"
+            "adaptive_lb.host.window_requests",
+            [per_host(lambda h: h.window_requests)],
+            unit="{request}",
         ),
         counter(
             "adaptive_lb.host.requests", [per_host(lambda h: h.requests_total)], unit="{request}"
@@ -160,6 +168,15 @@ def register_otel_metrics(
         ),
         gauge("adaptive_lb.replica_cache.size", [per_policy(lambda s: s.replica_cache_size)]),
         counter("adaptive_lb.plan_fallbacks", [per_policy(lambda s: s.plan_fallbacks)]),
+        gauge(
+            "adaptive_lb.request_tracking.attached",
+            [per_policy(lambda s: int(s.request_tracking))],
+        ),
+        counter(
+            "adaptive_lb.untracked_plans",
+            [per_policy(lambda s: s.untracked_plans)],
+            unit="{plan}",
+        ),
         counter("adaptive_lb.internal_errors", [by_key("internal_errors_by_stage", "stage")]),
         counter("adaptive_lb.config.reloads", [by_key("config_reloads", "result")]),
         gauge("adaptive_lb.config.info", [config_info]),

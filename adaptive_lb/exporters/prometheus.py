@@ -24,7 +24,9 @@ Families (``_total`` is added by the exposition format to counters):
   errors answered with the child's plan), ``adaptive_lb_internal_errors_total{stage=...}``
   (every internal error, see :data:`adaptive_lb.errors.ERROR_STAGES`),
   ``adaptive_lb_config_reloads_total{result=...}``,
-  ``adaptive_lb_config_info{hash=...}``;
+  ``adaptive_lb_config_info{hash=...}``, ``adaptive_lb_request_tracking_attached`` (gauge:
+  1 when request tracking is attached, 0 when every host looks idle for want of it),
+  ``adaptive_lb_untracked_plans_total`` (plans made meanwhile);
 - process-wide, once :func:`~adaptive_lb.exporters.setup_tracing` made a span processor
   (read from :mod:`~adaptive_lb.exporters.span_counts`: no OpenTelemetry SDK needed):
   ``adaptive_lb_trace_spans_exported_total`` and
@@ -55,7 +57,11 @@ __all__ = ["AdaptiveLbCollector", "start_prometheus_server"]
 log = logging.getLogger("adaptive_lb.exporters")
 
 _HOST_LABELS = ["policy", "address", "dc", "rack"]
-_QUANTILES = (("0.5", "latency_p50"), ("0.95", "latency_p95"), ("0.99", "latency_p99"))
+_QUANTILES = (
+    ("0.5", "window_latency_p50_seconds"),
+    ("0.95", "window_latency_p95_seconds"),
+    ("0.99", "window_latency_p99_seconds"),
+)
 
 # (family class, name, help, HostSnapshot attribute): one sample per host.
 _HOST_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
@@ -69,7 +75,7 @@ _HOST_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
         GaugeMetricFamily,
         "adaptive_lb_host_window_requests",
         "Requests completed in the statistics window, as of the last health refresh.",
-        "requests",
+        "window_requests",
     ),
     (
         CounterMetricFamily,
@@ -136,6 +142,19 @@ _POLICY_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
         "adaptive_lb_plan_fallbacks",
         "Plans answered with the child's plan after an internal error.",
         "plan_fallbacks",
+    ),
+    (
+        GaugeMetricFamily,
+        "adaptive_lb_request_tracking_attached",
+        "1 when request tracking is attached to the policy (adaptive_lb.attach), else 0: "
+        "without it every host looks idle.",
+        "request_tracking",
+    ),
+    (
+        CounterMetricFamily,
+        "adaptive_lb_untracked_plans",
+        "Plans made while no request tracking was attached.",
+        "untracked_plans",
     ),
 )
 
@@ -227,7 +246,7 @@ class AdaptiveLbCollector(Collector):
                     value = 1.0 if state.value == host.health_state else 0.0
                     health.add_metric([*labels, state.value], value)
             for family, attribute in policy_families:
-                family.add_metric([name], getattr(snapshot, attribute))
+                family.add_metric([name], float(getattr(snapshot, attribute)))
             for position, count in getattr(policy, "decisions_by_position", {}).items():
                 decisions.add_metric([name, position], count)
             for result, count in getattr(policy, "config_reloads", {}).items():

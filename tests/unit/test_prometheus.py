@@ -80,7 +80,7 @@ def test_scrape_matches_the_snapshot():
         for s in families["adaptive_lb_host_latency_seconds"].samples
         if s.labels.get("quantile") == "0.99"
     }
-    assert p99[slow.address] == by_address[slow.address].latency_p99
+    assert p99[slow.address] == by_address[slow.address].window_latency_p99_seconds
     assert 0.075 < p99[slow.address] < 0.085
     health = {
         s.labels["address"]
@@ -100,6 +100,37 @@ def test_scrape_matches_the_snapshot():
     assert hits == snapshot.replica_cache_misses == 20
     info = families["adaptive_lb_config_info"].samples[0]
     assert info.labels["hash"] == policy.config_hash
+    window = {
+        s.labels["address"]: s.value for s in families["adaptive_lb_host_window_requests"].samples
+    }
+    assert window == {a: h.window_requests for a, h in by_address.items()}
+    assert window[slow.address] == 261
+    # No tracking attached: every plan above was untracked, and the gauge says so.
+    (attached,) = families["adaptive_lb_request_tracking_attached"].samples
+    assert (attached.labels, attached.value) == ({"policy": "0"}, 0.0)
+    (untracked,) = [
+        s for s in families["adaptive_lb_untracked_plans"].samples if s.name.endswith("_total")
+    ]
+    assert untracked.value == snapshot.untracked_plans == 20
+
+
+def test_request_tracking_gauge_follows_attachment():
+    from adaptive_lb.exporters import AdaptiveLbCollector
+
+    model = build_cluster({"dc1": [1, 1]}, real_cluster=False, seed=1)
+    policy = AdaptiveLoadBalancingPolicy(DCAwareRoundRobinPolicy("dc1"))
+    policy.populate(model.cluster, model.metadata.all_hosts())
+    registry = CollectorRegistry()
+    registry.register(AdaptiveLbCollector(policy, names=["main"]))
+    labels = {"policy": "main"}
+    assert registry.get_sample_value("adaptive_lb_request_tracking_attached", labels) == 0
+    list(policy.make_query_plan("ks", SimpleStatement("q")))
+    policy.tracking_attached()
+    list(policy.make_query_plan("ks", SimpleStatement("q")))
+    assert registry.get_sample_value("adaptive_lb_request_tracking_attached", labels) == 1
+    assert registry.get_sample_value("adaptive_lb_untracked_plans_total", labels) == 1
+    snapshot = policy.snapshot()
+    assert snapshot.request_tracking is True and snapshot.untracked_plans == 1
 
 
 def test_otel_observable_instruments_match_the_snapshot():
@@ -140,6 +171,10 @@ def test_otel_observable_instruments_match_the_snapshot():
         if p.attributes["quantile"] == "0.99"
     ]
     assert len(latency) == len(model.hosts)
+    (attached,) = metrics["adaptive_lb.request_tracking.attached"].data.data_points
+    assert (dict(attached.attributes), attached.value) == ({"policy": "0"}, 0)
+    (untracked,) = metrics["adaptive_lb.untracked_plans"].data.data_points
+    assert untracked.value == policy.untracked_plans == 0
 
 
 def scrape(registry: CollectorRegistry) -> dict:
@@ -296,10 +331,14 @@ def test_otel_instruments_cover_every_prometheus_family():
         "adaptive_lb.replica_cache.size",
         "adaptive_lb.plan_fallbacks",
         "adaptive_lb.config.reloads",
+        "adaptive_lb.request_tracking.attached",
+        "adaptive_lb.untracked_plans",
     ):
         assert metrics[name], name
     fallbacks = {p.attributes["policy"]: p.value for p in metrics["adaptive_lb.plan_fallbacks"]}
     assert fallbacks == {"a": 0, "b": 0}
+    untracked = {p.attributes["policy"]: p.value for p in metrics["adaptive_lb.untracked_plans"]}
+    assert untracked == {"a": 0, "b": 3}
 
 
 def test_dashboard_and_scrape_config_name_what_the_collector_serves():
