@@ -105,7 +105,9 @@ def otel_provider() -> tuple[Any, Any]:
 VARIANTS = {
     "stock": "TokenAwarePolicy(DCAwareRoundRobinPolicy('dc1')), the reference",
     "adaptive": "the same wrapped by AdaptiveLoadBalancingPolicy, adaptive_lb.instrument(session)",
+    "adaptive-attach": "the same with adaptive_lb.attach(session): request spans on, none recording",
     "adaptive-otel": "adaptive + a recording OTel parent span per request (decision recorded)",
+    "adaptive-spans": "adaptive-attach + that parent span: a request span per request, decision on it",
     "stock-otel": "stock + the same parent span per request (what the span alone costs)",
 }
 
@@ -116,12 +118,12 @@ class Variant:
     def __init__(self, name: str, contact_points: list[str]) -> None:
         from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
-        from adaptive_lb import AdaptiveLoadBalancingPolicy, instrument
+        from adaptive_lb import AdaptiveLoadBalancingPolicy, attach, instrument
 
         self.name = name
         self.adaptive = name.startswith("adaptive")
         self.provider = self.exporter = None
-        if name.endswith("-otel"):
+        if name.endswith(("-otel", "-spans")):
             self.provider, self.exporter = otel_provider()
         child = TokenAwarePolicy(DCAwareRoundRobinPolicy(DC))
         self.policy: Any = (
@@ -131,7 +133,10 @@ class Variant:
         )
         self.cluster, self.session = connect_driver(contact_points, self.policy)
         try:
-            self.tracker = instrument(self.session) if self.adaptive else None
+            if name in ("adaptive-attach", "adaptive-spans"):
+                self.tracker = attach(self.session, tracer_provider=self.provider).tracker
+            else:
+                self.tracker = instrument(self.session) if self.adaptive else None
             if not wait_for_pools(self.session, DC, timeout=30.0):
                 raise RuntimeError(f"{name}: the driver's pools to {DC} did not open in 30 s")
             self.prepared = self.session.prepare(QUERY)

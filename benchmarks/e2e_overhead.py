@@ -1,6 +1,6 @@
 """What wrapping the policy costs a service: the real driver against Simulacron, end to end.
 
-    python benchmarks/e2e_overhead.py                  # 30 rounds x 2 s per variant, ~6 min
+    python benchmarks/e2e_overhead.py                  # 30 rounds x 2 s per variant, ~9 min
     python benchmarks/e2e_overhead.py --rounds 6 --seconds 1        # ~1 min, a noisy look
 
 Starts Simulacron (a simulated CQL cluster; Java, and Maven the first time) on loopback: 3
@@ -55,7 +55,7 @@ import _e2e
 from adaptive_lb.bench import driver_name
 
 REFERENCE = "stock"
-DEFAULT_VARIANTS = "stock,adaptive,adaptive-otel,stock-otel"
+DEFAULT_VARIANTS = "stock,adaptive,adaptive-attach,adaptive-otel,adaptive-spans,stock-otel"
 NODES_TEXT = f"{_e2e.NODES} nodes, 1 DC, RF {_e2e.RF}, protocol v4"
 
 
@@ -104,6 +104,10 @@ def summarize(rounds: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
     comparisons = [compare(rounds, n, REFERENCE) for n in names if n != REFERENCE]
     if "adaptive-otel" in names and "stock-otel" in names:
         comparisons.append(compare(rounds, "adaptive-otel", "stock-otel"))
+    if "adaptive-spans" in names and "stock-otel" in names:
+        comparisons.append(compare(rounds, "adaptive-spans", "stock-otel"))
+    if "adaptive-attach" in names and "adaptive" in names:
+        comparisons.append(compare(rounds, "adaptive-attach", "adaptive"))
     return {"per_variant": per_variant, "comparisons": comparisons}
 
 
