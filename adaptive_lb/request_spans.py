@@ -271,7 +271,11 @@ class RequestTelemetry:
         )
         self._root_spans = root_spans
         self.spans = False
+        """Request spans are on (made when a span records, or always with root spans)."""
         self.durations = False
+        """``db.client.operation.duration`` is recorded."""
+        self.every_request = False
+        """Every request is observed (root spans or durations): no per-request check."""
         self.privacy = PrivacyConfig()
         self.configure(config)
 
@@ -279,6 +283,7 @@ class RequestTelemetry:
         """Apply ``config`` (at attach, and on each reload)."""
         self.spans = config.tracing.enabled and config.tracing.request_spans
         self.durations = config.metrics.otel_enabled
+        self.every_request = self.durations or (self.spans and self._root_spans)
         self.privacy = config.privacy
 
     @property

@@ -37,6 +37,7 @@ from cassandra.protocol import (
 from adaptive_lb._driver import FUTURE_POLICY_ATTRIBUTE, hook_future
 from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
 from adaptive_lb.stats import HostStats
+from adaptive_lb.tracing import current_recording_span
 
 __all__ = [
     "CLIENT_ERROR",
@@ -210,7 +211,13 @@ class RequestTracker:
             self.untracked_requests += 1
             return
         telemetry = self.telemetry
-        attempts = None if telemetry is None else telemetry.observe(future, policy)
+        attempts = None
+        # Inline, the one check per request when nothing records: no call unless a span
+        # is current (or telemetry records every request).
+        if telemetry is not None and (
+            telemetry.every_request or (telemetry.spans and current_recording_span() is not None)
+        ):
+            attempts = telemetry.observe(future, policy)
         if attempts is None:
             attempts = _Attempts()
             attempts.policy = policy
