@@ -2,7 +2,10 @@
 each, measured in the same run on the same topology, plus topology-event costs at scale.
 
     adaptive-lb bench                       # or: python benchmarks/plan_throughput.py
-                                            # writes benchmarks/results/<driver>.{json,md}
+    adaptive-lb bench --skip-1000 --repeats 3 --out /tmp/bench
+
+The table goes to stdout; <driver>.json and <driver>.md are written to a new folder
+./adaptive-lb-bench-YYYYmmdd-HHMMSS (or --out DIR), and their paths printed.
 
 Topologies are made of the driver's real objects (``adaptive_lb.sim.driver_topology``): 45 nodes
 (5 DCs x 3 racks x 3 nodes) and 1,000 nodes (5 DCs x 3 racks x 66-67 nodes), NTS RF 3 per
@@ -35,6 +38,7 @@ from cassandra.policies import (
 from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
+from adaptive_lb.cli import HelpFormatter, format_written
 from adaptive_lb.config import PolicyConfig
 from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
 
@@ -43,7 +47,8 @@ try:
 except ImportError:
     RackAwareRoundRobinPolicy = None
 
-RESULTS = Path("benchmarks") / "results"
+OUT_PREFIX = "adaptive-lb-bench-"
+"""Without ``--out``, results go to a new folder ``./adaptive-lb-bench-YYYYmmdd-HHMMSS``."""
 
 
 def driver_name() -> str:
@@ -292,15 +297,66 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and write JSON + Markdown."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--plans", type=int, default=20000, help="plans per timed run")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--keys", type=int, default=100_000)
-    parser.add_argument("--skip-1000", action="store_true", help="45 nodes only")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser(prog: str = "adaptive-lb bench") -> argparse.ArgumentParser:
+    """The benchmark's options (``prog``: the command name ``--help`` shows)."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument(
+        "--plans", type=_positive_int, default=20000, metavar="N", help="plans per timed run"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=5,
+        metavar="N",
+        help="interleaved rounds per comparison; figures are medians over them",
+    )
+    parser.add_argument(
+        "--keys", type=_positive_int, default=100_000, metavar="N", help="distinct routing keys"
+    )
+    parser.add_argument(
+        "--skip-1000", action="store_true", help="45 nodes only (skip the 1,000-node topology)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="folder for <driver>.json and <driver>.md, created if missing, files in it "
+        f"overwritten (default: a new folder ./{OUT_PREFIX}YYYYmmdd-HHMMSS)",
+    )
+    return parser
+
+
+def new_out_dir(parent: Path | None = None, *, now: float | None = None) -> Path:
+    """Create and return a folder that did not exist: ``adaptive-lb-bench-YYYYmmdd-HHMMSS``
+    in ``parent`` (default: the current directory, given as a relative path), with ``-2``,
+    ``-3``... appended if that name is taken."""
+    base = Path(f"{OUT_PREFIX}{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}")
+    if parent is not None:
+        base = parent / base
+    candidate, number = base, 1
+    while True:
+        try:
+            candidate.mkdir(parents=True)
+        except FileExistsError:
+            number += 1
+            candidate = base.with_name(f"{base.name}-{number}")
+        else:
+            return candidate
+
+
+def main(argv: list[str] | None = None, *, prog: str = "adaptive-lb bench") -> int:
+    """Run the benchmark, print the Markdown table, write JSON + Markdown to ``--out`` (or a
+    new folder) and list the files written. ``prog``: the command name ``--help`` shows."""
+    args = build_parser(prog).parse_args(argv)
+    started = time.time()
 
     statements = routed_statements(args.keys)
     result: dict[str, Any] = {
@@ -317,21 +373,28 @@ def main(argv: list[str] | None = None) -> int:
     result["topology_events"].append(topology_events(small, args.repeats))
     if not args.skip_1000:
         big = build_cluster({f"dc{i}": [67, 67, 66] for i in range(1, 6)}, vnodes=16, seed=2)
+        quarter = max(1, args.plans // 4)  # plans per run at 1,000 nodes
         result["throughput"]["1000"] = compare(
-            big, statements, args.plans // 4, args.repeats, ["DCAware", "TokenAware(DCAware)"]
+            big, statements, quarter, args.repeats, ["DCAware", "TokenAware(DCAware)"]
         )
         result["topology_events"].append(topology_events(big, args.repeats))
-        result["scale"] = scale(small, big, statements, args.plans // 4, args.repeats)
+        result["scale"] = scale(small, big, statements, quarter, args.repeats)
         big.shutdown()
     small.shutdown()
-    args.out.mkdir(parents=True, exist_ok=True)
+    if args.out is None:
+        out = new_out_dir(now=started)
+    else:
+        out = args.out
+        out.mkdir(parents=True, exist_ok=True)
     tag = result["driver"].split()[0]
-    (args.out / f"{tag}.json").write_text(json.dumps(result, indent=2) + "\n")
+    paths = [out / f"{tag}.json", out / f"{tag}.md"]
+    paths[0].write_text(json.dumps(result, indent=2) + "\n")
     table = markdown(result)
-    (args.out / f"{tag}.md").write_text(table)
+    paths[1].write_text(table)
     print(table)
+    print(format_written(paths))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m adaptive_lb.bench"))

@@ -1,11 +1,17 @@
 """The ``adaptive-lb`` command.
 
-adaptive-lb bench                  plan throughput vs the stock policies
+adaptive-lb bench                  plan throughput vs the stock policies (new folder per run)
 adaptive-lb loadtest ...           closed-loop load, stock vs adaptive (see --help)
+adaptive-lb demo / simulate ...    the simulator (adaptive_lb/sim/cli.py)
 adaptive-lb config validate FILE   every error of a config file, exit 1 if any
 adaptive-lb config show [FILE]     the effective config (defaults filled in)
 adaptive-lb config schema          JSON Schema of the config file, for editors
 adaptive-lb config default         config/default.yaml: every key at its default, documented
+
+Every parser uses :class:`HelpFormatter` (``--help`` shows each option's default). By
+default no command writes over files of a checkout: ``bench`` makes a new folder each run,
+``demo`` and ``simulate`` write to ``./adaptive-lb-demo`` and ``./adaptive-lb-simulate``
+(git-ignored), ``loadtest`` and ``config`` only print; ``--out`` says otherwise.
 """
 
 from __future__ import annotations
@@ -14,10 +20,49 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
+import textwrap
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["build_parser", "main"]
+__all__ = ["PROG", "HelpFormatter", "build_parser", "format_written", "main"]
+
+PROG = "adaptive-lb"
+"""The command's name (``[project.scripts]``), also shown by ``python -m adaptive_lb``."""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """The help formatter of every ``adaptive-lb`` parser: each option's help ends with
+    ``(default: X)``; an option whose default is ``None`` (or whose help already says
+    ``(default: ...)``) explains its default in its own words, e.g. ``(default: one per
+    CPU)``. A description of one paragraph is wrapped to the terminal; one written on
+    several lines (a module docstring with examples) is shown as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text.strip("\n"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        text = " ".join(text.split())
+        return textwrap.fill(
+            text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
+        )
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # Never split names such as local-quorum or adaptive-lb-demo at their hyphens.
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default is None or "(default" in text or "%(default)" in text:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def format_written(paths: Sequence[Path | str]) -> str:
+    """The closing listing of a command that writes files: ``wrote N file(s):`` and one
+    indented path per line, in the order given."""
+    lines = [f"wrote {len(paths)} file{'s' if len(paths) != 1 else ''}:"]
+    lines.extend(f"  {path}" for path in paths)
+    return "\n".join(lines)
 
 
 def _config_validate(files: list[str]) -> int:
@@ -79,22 +124,47 @@ def _cmd_config(args: argparse.Namespace) -> int:
 def _add_config_commands(commands: Any) -> None:
     """Register ``config validate FILE...``, ``config show [FILE]``, ``config schema`` and
     ``config default``."""
-    config = commands.add_parser("config", help="validate, show or describe a config file")
+    config = commands.add_parser(
+        "config",
+        help="validate, show or describe a config file",
+        description="Validate, show or describe an adaptive-lb YAML config file "
+        "(see docs/configuration.md). Every subcommand prints to stdout.",
+        formatter_class=HelpFormatter,
+    )
     config.set_defaults(handler=_cmd_config)
     config_commands = config.add_subparsers(dest="config_command", required=True)
     validate = config_commands.add_parser(
-        "validate", help="check config files: every error, exit status 1 if any"
+        "validate",
+        help="check config files: every error, exit status 1 if any",
+        description="Check config files: every error of each, with its key path and line; "
+        "exit status 1 if any.",
+        formatter_class=HelpFormatter,
     )
-    validate.add_argument("files", nargs="+", metavar="FILE")
-    config_commands.add_parser("show", help="print the effective config as YAML").add_argument(
+    validate.add_argument("files", nargs="+", metavar="FILE", help="config files to check")
+    show = config_commands.add_parser(
+        "show",
+        help="print the effective config as YAML",
+        description="Print the effective config as YAML (defaults filled in) and its hash.",
+        formatter_class=HelpFormatter,
+    )
+    show.add_argument(
         "file",
         nargs="?",
         metavar="FILE",
-        help="default: the file $ADAPTIVE_LB_CONFIG names, else the built-in defaults",
+        help="the config file (default: the file $ADAPTIVE_LB_CONFIG names, else the built-in "
+        "defaults)",
     )
-    config_commands.add_parser("schema", help="print a JSON Schema (2020-12) of the file")
     config_commands.add_parser(
-        "default", help="print config/default.yaml: every key at its default, documented"
+        "schema",
+        help="print a JSON Schema (2020-12) of the file",
+        description="Print a JSON Schema (2020-12) of the config file, for editors.",
+        formatter_class=HelpFormatter,
+    )
+    config_commands.add_parser(
+        "default",
+        help="print config/default.yaml: every key at its default, documented",
+        description="Print config/default.yaml: every key at its default, documented.",
+        formatter_class=HelpFormatter,
     )
 
 
@@ -102,7 +172,7 @@ def _run_bench(argv: list[str]) -> int:
     """``adaptive-lb bench ...``: everything after ``bench`` goes to the benchmark's parser."""
     from adaptive_lb.bench import main as bench_main
 
-    return int(bench_main(argv) or 0)
+    return int(bench_main(argv) or 0)  # its --help says "adaptive-lb bench"
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -117,17 +187,19 @@ REMAINDER drops options that come first, e.g. ``bench --plans 5``: bpo-17050).""
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (one subcommand per job; each sets ``handler``)."""
     parser = argparse.ArgumentParser(
-        prog="adaptive-lb",
-        description="Adaptive load balancing for the Cassandra / ScyllaDB Python drivers.",
+        prog=PROG,
+        description="Adaptive load balancing for the Cassandra / ScyllaDB Python drivers.\n"
+        f"'{PROG} COMMAND --help' describes each command.",
+        formatter_class=HelpFormatter,
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     bench = commands.add_parser(
         "bench",
-        help="query-plan throughput vs the stock policies (writes benchmarks/results/)",
+        help="query-plan throughput vs the stock policies (writes a new folder, or --out)",
         add_help=False,
     )
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help=f"see '{PROG} bench --help'")
     bench.set_defaults(handler=_bench)
 
     from adaptive_lb.loadtest import add_subcommand as add_loadtest

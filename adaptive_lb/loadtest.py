@@ -282,30 +282,84 @@ def _start_simulated(options: LoadtestOptions, stack: ExitStack, err: TextIO) ->
 
 def add_subcommand(subparsers: Any) -> None:
     """Register ``loadtest`` on an argparse subparsers object."""
+    from adaptive_lb.cli import HelpFormatter
+
     parser = subparsers.add_parser(
         "loadtest",
         help="closed-loop load through the stock policy and/or adaptive-lb, compared",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--contact-points", default="", help="comma-separated addresses")
-    parser.add_argument("--port", type=int, default=9042)
-    parser.add_argument("--local-dc", default="dc1")
-    parser.add_argument("--query", help="a read with at most one ? (an int key)")
-    parser.add_argument("--key-range", type=int, default=100_000)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per policy")
-    parser.add_argument("--timeout", type=float, default=2.0, help="request timeout, s")
-    parser.add_argument("--policy", choices=("stock", "adaptive"), default="adaptive")
-    parser.add_argument("--config", help="adaptive-lb YAML config (default: built-in)")
+    parser.add_argument(
+        "--contact-points",
+        default="",
+        metavar="HOSTS",
+        help="comma-separated addresses of your cluster (default: none; give this or --simulated)",
+    )
+    parser.add_argument("--port", type=int, default=9042, help="CQL port")
+    parser.add_argument("--local-dc", default="dc1", metavar="DC", help="the client's datacenter")
+    parser.add_argument(
+        "--query",
+        help="a read with at most one ? (an int key) (default: with --simulated, "
+        f"{SIMULATED_QUERY}; else SELECT release_version FROM system.local)",
+    )
+    parser.add_argument(
+        "--key-range", type=int, default=100_000, metavar="N", help="keys drawn from 0..N-1"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=8, metavar="N", help="requests in flight"
+    )
+    parser.add_argument(
+        "--duration", type=float, default=10.0, metavar="SECONDS", help="seconds per policy"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=2.0, metavar="SECONDS", help="request timeout"
+    )
+    parser.add_argument(
+        "--policy",
+        choices=("stock", "adaptive"),
+        default="adaptive",
+        help="the policy run (without --compare)",
+    )
+    parser.add_argument(
+        "--config", metavar="FILE", help="adaptive-lb YAML config (default: built-in defaults)"
+    )
     parser.add_argument("--compare", action="store_true", help="stock, then adaptive")
-    parser.add_argument("--prometheus-port", type=int, help="serve metrics on 127.0.0.1")
-    parser.add_argument("--otlp-endpoint", help="send decision traces (OTLP/HTTP)")
-    parser.add_argument("--simulated", action="store_true", help="start a Simulacron cluster")
-    parser.add_argument("--slow-node", type=int, help="with --simulated: dc1 node 1-3 slowed")
-    parser.add_argument("--delay", type=int, default=20, dest="delay_ms", help="ms added")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--prometheus-port",
+        type=int,
+        metavar="PORT",
+        help="serve adaptive-lb's metrics on 127.0.0.1:PORT (default: not served)",
+    )
+    parser.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="send decision traces over OTLP/HTTP (default: none, nothing sent)",
+    )
+    parser.add_argument(
+        "--simulated",
+        action="store_true",
+        help="start a Simulacron cluster (Java and Maven needed) and load it",
+    )
+    parser.add_argument(
+        "--slow-node",
+        type=int,
+        choices=(1, 2, 3),
+        metavar="{1,2,3}",
+        help="with --simulated: the dc1 node slowed (default: none)",
+    )
+    parser.add_argument(
+        "--delay",
+        type=int,
+        default=20,
+        dest="delay_ms",
+        metavar="MS",
+        help="milliseconds added to the --slow-node's answers",
+    )
+    parser.add_argument("--seed", type=int, default=1, metavar="N", help="seed of the key draws")
+    parser.add_argument(
+        "--json", action="store_true", help="print the reports as JSON instead of tables"
+    )
     parser.set_defaults(handler=_handle)
 
 

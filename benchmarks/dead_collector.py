@@ -39,6 +39,7 @@ from cassandra.query import SimpleStatement
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
+from adaptive_lb.cli import HelpFormatter
 from adaptive_lb.config import OtlpConfig, TracingConfig
 from adaptive_lb.exporters import setup_tracing
 from adaptive_lb.sim.driver_topology import build_cluster
@@ -213,12 +214,24 @@ def measure(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure and print the slowdown per protocol and failure mode."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=0.5, help="per half-round")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--timeout", type=float, default=0.5, help="tracing.otlp.timeout")
-    parser.add_argument("--protocol", choices=["http", "grpc"], action="append")
-    parser.add_argument("--failure", choices=sorted(ENDPOINTS), action="append")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--seconds", type=float, default=0.5, help="seconds per half-round")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (A B, B A...)")
+    parser.add_argument(
+        "--timeout", type=float, default=0.5, help="tracing.otlp.timeout, in seconds"
+    )
+    parser.add_argument(
+        "--protocol",
+        choices=["http", "grpc"],
+        action="append",
+        help="OTLP protocol measured, repeatable (default: both)",
+    )
+    parser.add_argument(
+        "--failure",
+        choices=sorted(ENDPOINTS),
+        action="append",
+        help="failure mode measured, repeatable (default: both)",
+    )
     options = parser.parse_args(argv)
     import cassandra
 

@@ -16,6 +16,7 @@ and prints the first-host cost of each in microseconds, with the budget a 3x tar
 
 from __future__ import annotations
 
+import argparse
 import sys
 from bisect import bisect_left
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from adaptive_lb import AdaptiveLoadBalancingPolicy
 from adaptive_lb._driver import token_value_function
 from adaptive_lb.bench import cluster_45, driver_name, measure_paired, routed_statements
+from adaptive_lb.cli import HelpFormatter
 
 
 class FloorPlan:
@@ -47,8 +49,9 @@ class FloorPlan:
         yield self._first_local[point if point < len(self._values) else 0]
 
 
-def main() -> int:
-    """Measure and print."""
+def main(argv: list[str] | None = None) -> int:
+    """Measure and print. (No options: ``--help`` describes the benchmark.)"""
+    argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter).parse_args(argv)
     statements = routed_statements(100_000)
     model = cluster_45()
     hosts = model.metadata.all_hosts()

@@ -8,4 +8,4 @@ import sys
 from adaptive_lb.bench import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python benchmarks/plan_throughput.py"))

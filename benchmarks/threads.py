@@ -20,6 +20,7 @@ of their time elsewhere.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import threading
 import time
@@ -30,6 +31,7 @@ from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.bench import cluster_45, driver_name, routed_statements
+from adaptive_lb.cli import HelpFormatter
 from adaptive_lb.clock import SYSTEM_CLOCK
 from adaptive_lb.stats import StatsRegistry
 
@@ -89,8 +91,9 @@ def tracking(hosts: list[Any]) -> Any:
     return work
 
 
-def main() -> int:
-    """Measure and print."""
+def main(argv: list[str] | None = None) -> int:
+    """Measure and print. (No options: ``--help`` describes the benchmark.)"""
+    argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter).parse_args(argv)
     statements = routed_statements(100_000)
     model = cluster_45()
     hosts = model.metadata.all_hosts()

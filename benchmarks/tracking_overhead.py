@@ -17,6 +17,7 @@ both halves of its pair), with its interquartile range. The cyclic GC is off whi
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import statistics
@@ -29,6 +30,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.protocol import ResultMessage
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
+from adaptive_lb.cli import HelpFormatter
 from adaptive_lb.sim.driver_topology import build_cluster
 from adaptive_lb.tracking import RequestTracker
 
@@ -87,8 +89,9 @@ def run_once(policy, host, response, count: int, tracked: bool, listener) -> flo
         gc.enable()
 
 
-def main() -> int:
-    """Measure and print JSON."""
+def main(argv: list[str] | None = None) -> int:
+    """Measure and print JSON. (No options: ``--help`` describes the benchmark.)"""
+    argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter).parse_args(argv)
     model = build_cluster({"dc1": [2, 2, 2]}, real_cluster=False)
     policy = AdaptiveLoadBalancingPolicy(TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
     policy.populate(model.cluster, model.metadata.all_hosts())

@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from adaptive_lb.cli import HelpFormatter, format_written
 from adaptive_lb.config import ConfigError
 from adaptive_lb.sim.progress import ProgressBar
 from adaptive_lb.sim.report import (
@@ -35,7 +36,14 @@ from adaptive_lb.sim.runner import run_many
 from adaptive_lb.sim.scenario import POLICY_NAMES, Scenario, load_scenario, scenario_dir
 from adaptive_lb.sim.tracing import TraceSpec
 
-__all__ = ["DEMO_SCENARIOS", "add_subcommands", "main", "run_demo", "run_simulate"]
+__all__ = [
+    "DEMO_SCENARIOS",
+    "add_subcommands",
+    "main",
+    "run_demo",
+    "run_simulate",
+    "write_results",
+]
 
 DEMO_SCENARIOS = (
     "local-one",
@@ -53,42 +61,60 @@ DEMO_SCENARIOS = (
 
 def _common(parser: argparse.ArgumentParser, default_out: str) -> None:
     parser.add_argument(
-        "--seed", type=int, default=None, help="seed for every scenario (default: each one's)"
+        "--seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="seed for every scenario (default: each scenario's own)",
     )
     parser.add_argument(
         "--requests",
         type=int,
         default=None,
-        help="measured requests per policy (default: each scenario's)",
+        metavar="N",
+        help="measured requests per policy (default: each scenario's own)",
     )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument(
+        "--json", action="store_true", help="print JSON to stdout instead of tables"
+    )
     parser.add_argument(
         "--out",
         default=default_out,
         metavar="DIR",
-        help=f"folder for results.json, results.md and PNG plots (default: {default_out})",
+        help="folder for results.json, results.md and the PNG plots; created if missing, "
+        "files in it overwritten",
     )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
-        "--jobs", type=int, default=None, help="worker processes (default: one per CPU)"
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes (default: one per CPU)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress lines on stderr (runs, then plots)"
+    )
     parser.add_argument(
         "--otlp-endpoint",
         default=None,
         metavar="URL",
         help="send sampled request spans with adaptive-lb's decisions over OTLP, e.g. to "
-        "Jaeger at http://127.0.0.1:4318 (virtual time mapped to real time)",
+        "Jaeger at http://127.0.0.1:4318 (virtual time mapped to real time) "
+        "(default: none, nothing sent)",
     )
     parser.add_argument(
-        "--otlp-protocol", choices=("http", "grpc"), default="http", help="OTLP transport"
+        "--otlp-protocol",
+        choices=("http", "grpc"),
+        default="http",
+        help="OTLP transport of --otlp-endpoint",
     )
     parser.add_argument(
         "--trace-requests",
         type=int,
         default=100,
         metavar="N",
-        help="requests traced per scenario and policy (default 100)",
+        help="with --otlp-endpoint: requests traced per scenario and policy",
     )
 
 
@@ -99,25 +125,36 @@ def add_subcommands(subparsers: Any) -> None:
         help="simulate the default scenario set under every policy and compare",
         description=(
             "Run the discrete-event cluster simulator (real driver policy objects on a "
-            "virtual clock) over the default scenarios and print one table per scenario."
+            "virtual clock) over the default scenarios and print one table per scenario; "
+            "write results.json, results.md and two PNG plots per scenario to --out, then "
+            "list the files written."
         ),
+        formatter_class=HelpFormatter,
     )
     _common(demo, "adaptive-lb-demo")
     demo.add_argument(
         "--scenario",
         action="append",
         choices=DEMO_SCENARIOS,
-        help="run only this scenario (repeatable)",
+        metavar="NAME",
+        help=f"run only this scenario, repeatable: {', '.join(DEMO_SCENARIOS)} "
+        "(default: all of them)",
     )
     demo.add_argument(
-        "--scenarios-dir", default=None, metavar="DIR", help="where the scenario files are"
+        "--scenarios-dir",
+        default=None,
+        metavar="DIR",
+        help="where the scenario files are (default: the package's data/scenarios)",
     )
     demo.set_defaults(handler=run_demo)
 
     simulate = subparsers.add_parser(
         "simulate",
         help="simulate one scenario file under every policy and compare",
-        description="Run one scenario (YAML, see adaptive_lb/data/scenarios/) and print its table.",
+        description="Run one scenario (YAML, see adaptive_lb/data/scenarios/) and print its "
+        "table; write results.json, results.md and its PNG plots to --out, then list the files "
+        "written.",
+        formatter_class=HelpFormatter,
     )
     simulate.add_argument(
         "scenario_file",
@@ -129,7 +166,9 @@ def add_subcommands(subparsers: Any) -> None:
         "--policy",
         action="append",
         choices=POLICY_NAMES,
-        help="run only this policy (repeatable; default: the scenario's list)",
+        metavar="NAME",
+        help=f"run only this policy, repeatable: {', '.join(POLICY_NAMES)} "
+        "(default: the scenario's list)",
     )
     simulate.set_defaults(handler=run_simulate)
 
@@ -211,23 +250,11 @@ def _run(scenarios: list[Scenario], args: argparse.Namespace) -> int:
         reports.append(ScenarioReport(scenario, seed, results[index : index + count]))
         index += count
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    document = to_json(reports)
-    (out / "results.json").write_text(document, encoding="utf-8")
-    markdown = []
-    notes = []
-    for report in reports:
-        markdown.append(f"### {report.scenario.name} (seed {report.seed})\n")
-        markdown.append(format_markdown(report) + "\n")
-        if not args.no_plots:
-            written = write_plots(report, out)
-            if isinstance(written, str) and written not in notes:
-                notes.append(written)
-    (out / "results.md").write_text("\n".join(markdown), encoding="utf-8")
+    plots = not args.no_plots
+    written, notes = write_results(reports, Path(args.out), plots=plots, quiet=args.quiet)
 
     if args.json:
-        sys.stdout.write(document)
+        sys.stdout.write(to_json(reports))
     else:
         for report in reports:
             print(format_table(report))
@@ -235,16 +262,55 @@ def _run(scenarios: list[Scenario], args: argparse.Namespace) -> int:
                 mark = "met   " if check.met else "MISSED"
                 print(f"   target {mark} {check.target}: {check.detail}")
             print()
-        print(f"results: {out / 'results.json'}, {out / 'results.md'}")
     for note in notes:
         print(note, file=sys.stderr)
+    # Standard output is the JSON document alone with --json: the listing goes to stderr.
+    print(format_written(written), file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def write_results(
+    reports: list[ScenarioReport], out: Path, *, plots: bool = True, quiet: bool = False
+) -> tuple[list[Path], list[str]]:
+    """Write ``results.json``, ``results.md`` and (``plots``) each scenario's PNG plots to
+    ``out``, created if missing; one progress line per scenario plotted on stderr unless
+    ``quiet``. Returns the paths written (results.json, results.md, then the plots in
+    scenario order) and the notes to show (e.g. matplotlib missing)."""
+    out.mkdir(parents=True, exist_ok=True)
+    results_json, results_md = out / "results.json", out / "results.md"
+    results_json.write_text(to_json(reports), encoding="utf-8")
+    markdown = []
+    for report in reports:
+        markdown.append(f"### {report.scenario.name} (seed {report.seed})\n")
+        markdown.append(format_markdown(report) + "\n")
+    results_md.write_text("\n".join(markdown), encoding="utf-8")
+    written = [results_json, results_md]
+    notes: list[str] = []
+    if not plots:
+        return written, notes
+    bar = None if quiet else ProgressBar(len(reports), title="plots")
+    for report in reports:
+        made = write_plots(report, out)
+        if isinstance(made, str):  # no matplotlib: the same note for every scenario
+            if made not in notes:
+                notes.append(made)
+            label = f"{report.scenario.name}: skipped"
+        else:
+            written.extend(made)
+            label = f"{report.scenario.name} ({len(made)} PNGs)"
+        if bar is not None:
+            bar.step(label)
+    return written, notes
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m adaptive_lb.sim demo|simulate ...`` (the same commands, standalone)."""
-    parser = argparse.ArgumentParser(prog="python -m adaptive_lb.sim")
-    subparsers = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="python -m adaptive_lb.sim",
+        description="The simulator's commands, as 'adaptive-lb demo' and 'adaptive-lb simulate'.",
+        formatter_class=HelpFormatter,
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_subcommands(subparsers)
     args = parser.parse_args(argv)
     return args.handler(args)

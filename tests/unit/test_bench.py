@@ -25,7 +25,9 @@ def test_a_tiny_run_writes_json_and_markdown(tmp_path, capsys):
     assert events["hosts"] == 45 and events["populate_ms"] > 0
     table = written.with_suffix(".md").read_text()
     assert "| 45 | TokenAware(DCAware) |" in table
-    assert table in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert table in out
+    assert out.endswith(f"wrote 2 files:\n  {written}\n  {written.with_suffix('.md')}\n")
 
 
 def test_paired_rounds_time_every_policy_and_take_ratios_per_round():
