@@ -50,6 +50,7 @@ class LoadtestOptions:
     delay_ms: int = 20
     seed: int = 1
     json: bool = False
+    snapshot: bool = False
 
 
 @define
@@ -64,6 +65,8 @@ class RunReport:
     p99_ms: float
     errors: dict[str, int]
     hosts: list[dict[str, Any]]
+    snapshot: dict[str, Any] | None = None
+    """The adaptive policy's ``snapshot().to_dict()`` at the end of the run (None: stock)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able."""
@@ -76,6 +79,7 @@ class RunReport:
             "p99_ms": round(self.p99_ms, 2),
             "errors": self.errors,
             "hosts": self.hosts,
+            "snapshot": self.snapshot,
         }
 
 
@@ -116,9 +120,9 @@ def _one_run(
     connect: Any,
     tracer_provider: Any = None,
 ) -> RunReport:
+    from adaptive_lb.attachment import attach
     from adaptive_lb.peers.load import closed_loop
     from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
-    from adaptive_lb.tracking import instrument
 
     policy = _make_policy(kind, options, tracer_provider)
     request_context = None
@@ -133,7 +137,8 @@ def _one_run(
     with ExitStack() as stack:
         stack.callback(cluster.shutdown)
         if isinstance(policy, AdaptiveLoadBalancingPolicy):
-            instrument(session)
+            # Tracking, health, and a request span per request when tracing to OTLP.
+            attach(session, tracer_provider=tracer_provider)
             if options.prometheus_port is not None:
                 from adaptive_lb.exporters import start_prometheus_server
 
@@ -160,8 +165,11 @@ def _one_run(
         hosts = []
         total = sum(result.attempts.values()) or 1
         health = {}
+        snapshot = None
         if isinstance(policy, AdaptiveLoadBalancingPolicy):
-            health = {h.address: h for h in policy.snapshot().hosts}
+            taken = policy.snapshot()
+            health = {h.address: h for h in taken.hosts}
+            snapshot = taken.to_dict()
         for host in sorted(cluster.metadata.all_hosts(), key=lambda h: (h.datacenter, h.address)):
             attempts = result.attempts.get(host.address, 0)
             if not attempts and host.datacenter != options.local_dc:
@@ -186,6 +194,7 @@ def _one_run(
             p99_ms=result.percentile(99) * 1000,
             errors=dict(result.errors),
             hosts=hosts,
+            snapshot=snapshot,
         )
 
 
@@ -248,6 +257,11 @@ def run_loadtest(
         out.write(json.dumps([r.as_dict() for r in reports], indent=2) + "\n")
     else:
         _print_report(reports, out)
+        if options.snapshot:
+            for report in reports:
+                if report.snapshot is not None:
+                    out.write(f"\n{report.policy} policy snapshot:\n")
+                    out.write(json.dumps(report.snapshot, indent=2) + "\n")
     return reports
 
 
@@ -358,7 +372,15 @@ def add_subcommand(subparsers: Any) -> None:
     )
     parser.add_argument("--seed", type=int, default=1, metavar="N", help="seed of the key draws")
     parser.add_argument(
-        "--json", action="store_true", help="print the reports as JSON instead of tables"
+        "--json",
+        action="store_true",
+        help="print the reports as JSON instead of tables (with each adaptive run's snapshot)",
+    )
+    parser.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="after the tables, print the adaptive policy's snapshot() as JSON "
+        "(see docs/observability.md, The snapshot)",
     )
     parser.set_defaults(handler=_handle)
 
@@ -383,6 +405,7 @@ def _handle(args: argparse.Namespace) -> int:
         delay_ms=args.delay_ms,
         seed=args.seed,
         json=args.json,
+        snapshot=args.snapshot,
     )
     run_loadtest(options)
     return 0

@@ -5,13 +5,11 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import threading
-from http.server import ThreadingHTTPServer
 
 import pytest
 
 from adaptive_lb.loadtest import LoadtestOptions, run_loadtest
-from tests.unit.test_otlp import Receiver, otlp_spans
+from tests.otlp_receiver import attribute_values, otlp_http_receiver
 
 pytestmark = [
     pytest.mark.integration,
@@ -34,35 +32,40 @@ def test_simulated_compare_with_a_slow_node():
     assert adaptive[slow]["share"] < 0.1
     assert adaptive[slow]["health"] in ("slow", "warming")
     assert reports[1].p99_ms < reports[0].p99_ms
-    assert json.loads(out.getvalue())[1]["policy"] == "adaptive"
+    printed = json.loads(out.getvalue())
+    assert printed[1]["policy"] == "adaptive"
     assert "slow node" in err.getvalue()
+    # The adaptive run's own numbers, as the policy saw them (stock has none).
+    assert printed[0]["snapshot"] is None
+    snapshot = printed[1]["snapshot"]
+    assert snapshot["request_tracking"] is True
+    by_address = {h["address"]: h for h in snapshot["hosts"]}
+    assert by_address[slow]["health_state"] == adaptive[slow]["health"]
+    assert sum(h["requests_total"] for h in snapshot["hosts"]) >= reports[1].requests
 
 
 def test_otlp_endpoint_exports_each_request_with_its_decision():
-    """``--otlp-endpoint``: one span per request, carrying the policy's decision event, at a
-    real OTLP/HTTP receiver on 127.0.0.1."""
-    Receiver.received = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    """``--otlp-endpoint``: per request, the loop's span and adaptive-lb's request span (its
+    child) carrying the policy's decision event, at a real OTLP/HTTP receiver."""
+    with otlp_http_receiver() as receiver:
         options = LoadtestOptions(
             simulated=True,
             duration=2,
             concurrency=2,
-            otlp_endpoint=f"http://127.0.0.1:{server.server_port}",
+            otlp_endpoint=receiver.endpoint,
             json=True,
         )
         (report,) = run_loadtest(options, out=io.StringIO(), err=io.StringIO())
-    finally:
-        server.shutdown()
-        server.server_close()
-    spans = otlp_spans(Receiver.received)
-    assert len(spans) == report.requests > 0  # every request, none lost (flushed at exit)
+        spans = receiver.spans
+    loop_spans = [s for s in spans if s.name == "loadtest adaptive request"]
+    requests = [s for s in spans if s.name != "loadtest adaptive request"]
+    assert len(loop_spans) == len(requests) == report.requests > 0  # none lost
+    parents = {s.span_id for s in loop_spans}
     coordinators = set()
-    for span in spans:
-        assert span.name == "loadtest adaptive request"
+    for span in requests:
+        assert span.parent_span_id in parents
+        assert attribute_values(span)["db.system.name"] == "cassandra"
         (event,) = [e for e in span.events if e.name == "adaptive_lb.decision"]
-        attributes = {a.key: a.value for a in event.attributes}
-        coordinators.add(attributes["server.address"].string_value)
+        coordinators.add(attribute_values(event)["server.address"])
     local = {h["address"] for h in report.hosts if h["dc"] == "dc1"}
     assert coordinators and coordinators <= local
