@@ -85,7 +85,7 @@ class Attachment:
         if self.telemetry is not None:
             self.telemetry.configure(config)
             for policy in self.policies:
-                policy.send_decisions_to_requests(
+                policy.decisions.send_to_requests(
                     self.telemetry.spans, without_parent=self.telemetry.root_spans
                 )
         self.config = config
@@ -104,7 +104,7 @@ class Attachment:
         if self.tracker is not None:
             self.tracker.close()
         for policy in self.policies:
-            policy.send_decisions_to_requests(False)
+            policy.decisions.send_to_requests(False)
         self.exporters.close()
 
 
@@ -211,7 +211,7 @@ def attach(
         provider = tracer_provider or exporters.tracer_provider
         if provider is not None:
             for policy in policies:
-                policy.use_tracer_provider(provider)
+                policy.decisions.use_tracer_provider(provider)
         root_spans = provider is not None or _recording_global_provider()
         telemetry = RequestTelemetry(
             config,
@@ -221,7 +221,7 @@ def attach(
         )
         attachment.telemetry = telemetry
         for policy in policies:
-            policy.send_decisions_to_requests(telemetry.spans, without_parent=telemetry.root_spans)
+            policy.decisions.send_to_requests(telemetry.spans, without_parent=telemetry.root_spans)
         tracker = instrument(session)
         tracker.telemetry = telemetry
         attachment.tracker = tracker

@@ -55,7 +55,8 @@ from adaptive_lb.scoring import HostView
 from adaptive_lb.snapshot import PolicySnapshot
 from adaptive_lb.stats import HostStats, StatsRegistry
 from adaptive_lb.topology import Topology, TopologyBook
-from adaptive_lb.tracing import DecisionTracer, build_decision, current_recording_span
+from adaptive_lb.tracing import DecisionRecorder, build_decision, current_recording_span
+from adaptive_lb.tracking_watch import TrackingWatch
 
 __all__ = ["DECISION_POSITIONS", "AdaptiveLoadBalancingPolicy"]
 
@@ -66,10 +67,6 @@ _STARTUP_GRACE_NS = 5 * 1_000_000_000
 _BLIP_NS = 1_000_000_000
 """A host down for less than this (the driver bounces the contact point while connecting)
 does not start WARMING when it comes back."""
-UNTRACKED_PLANS_BEFORE_WARNING = 1000
-"""Plans made with no request tracking attached after which one WARNING is logged..."""
-UNTRACKED_SECONDS_BEFORE_WARNING = 30.0
-"""...or seconds since the first such plan, whichever comes first (then never again)."""
 
 
 class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
@@ -129,17 +126,10 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         self._cluster: Any = None
         self._populated_ns: int | None = None
         self._down_since: dict[int, int] = {}
-        self._tracer_provider = tracer_provider
-        self._tracer: DecisionTracer | None = None
-        self._trace_ratio = 1.0
-        self._handoff: threading.local | None = None
-        self._trace_without_parent = False
-        self._configure_tracing(self._config)
+        self.decisions = DecisionRecorder(self._config, tracer_provider, self.errors.record)
+        """Where decisions are recorded (tracer, ratio, hand-over to request spans)."""
         self._untracked_attempts = new_counter()
-        self._untracked_plans = new_counter()
-        self._first_untracked_plan_ns: int | None = None
-        self._tracking_sources = 0
-        self._untracked_warned = False
+        self._tracking = TrackingWatch(self._clock, log)
         self._unknown_host_events = new_counter()
         self._reload_lock = threading.Lock()
         self.config_reloads = {"success": 0, "failure": 0}
@@ -183,6 +173,23 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         return self._planner.resolver
 
     @property
+    def local_rack(self) -> str | None:
+        """The client's rack in force: ``policy.local_rack``, the child's ``local_rack``, or
+        the rack learned with ``local_rack: auto`` (None: none known, no rack penalty)."""
+        return self._book.local_rack.rack
+
+    @property
+    def local_rack_source(self) -> str:
+        """Where :attr:`local_rack` comes from: ``configured``, ``child``, ``learned`` or
+        ``unknown`` (none yet, or none to learn)."""
+        return self._book.local_rack.source
+
+    @property
+    def learned_rack(self) -> str | None:
+        """The rack learned from measured latency (``local_rack: auto``), or None."""
+        return self._book.local_rack.learned
+
+    @property
     def decisions_by_position(self) -> dict[str, int]:
         """Plans made, by the origin of their first host (see
         :data:`adaptive_lb.planner.DECISION_POSITIONS`)."""
@@ -213,46 +220,21 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
 
     @property
     def request_tracking(self) -> bool:
-        """Request tracking reaches this policy: :func:`adaptive_lb.attach` (or
-        :func:`adaptive_lb.instrument`) hooked a session that plans with it. While False,
-        every host looks idle (0 in flight, no latency) and the plan is a random choice
-        among the replicas; see :attr:`untracked_plans`."""
-        return self._tracking_sources > 0
+        """Request tracking reaches this policy (:func:`adaptive_lb.attach` or
+        :func:`adaptive_lb.instrument` hooked a session that plans with it). While False
+        every host looks idle and unmeasured; see :mod:`adaptive_lb.tracking_watch`."""
+        return self._tracking.attached
 
     @property
     def untracked_plans(self) -> int:
-        """Plans made while no request tracking was attached (see :attr:`request_tracking`).
-        After ``UNTRACKED_PLANS_BEFORE_WARNING`` of them, or ``UNTRACKED_SECONDS_BEFORE_WARNING``
-        after the first, one WARNING names the call to make."""
-        return counter_value(self._untracked_plans)
+        """Plans made while no request tracking was attached (one WARNING after a bounded
+        number or time: :mod:`adaptive_lb.tracking_watch`)."""
+        return self._tracking.untracked_plans
 
     def tracking_attached(self, attached: bool = True) -> None:
         """Declare that something feeds this policy's statistics per attempt (``attached``)
-        or stopped doing so. :func:`adaptive_lb.instrument` calls it; so does the simulator,
-        which feeds the statistics itself."""
-        with self._book.lock:
-            self._tracking_sources = max(0, self._tracking_sources + (1 if attached else -1))
-
-    def _note_untracked_plan(self) -> None:
-        count = next(self._untracked_plans) + 1
-        if self._untracked_warned:
-            return
-        now = self._clock.now_ns()
-        first = self._first_untracked_plan_ns
-        if first is None:
-            self._first_untracked_plan_ns = first = now
-        if (
-            count < UNTRACKED_PLANS_BEFORE_WARNING
-            and now - first < UNTRACKED_SECONDS_BEFORE_WARNING * 1e9
-        ):
-            return
-        self._untracked_warned = True
-        log.warning(
-            "adaptive-lb: %d query plans made but no request tracking reaches this policy, "
-            "so every host looks idle and unmeasured: call adaptive_lb.attach(session) "
-            "(or adaptive_lb.instrument(session)) once after cluster.connect()",
-            count,
-        )
+        or stopped doing so: request tracking does, and the simulator's feedback."""
+        self._tracking.attach(attached)
 
     def record_error(self, stage: str, what: str) -> None:
         """Count an exception caught in ``stage`` (see :data:`adaptive_lb.errors.ERROR_STAGES`)
@@ -390,7 +372,10 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         settings = self._planner.settings
         distance = self._child.distance(host)
         rack = host.rack
-        local_rack = settings.local_rack
+        # Configured, the child's, or learned (adaptive_lb.locality).
+        local_rack = self._book.local_rack.configure(
+            settings.local_rack, settings.local_rack_source, settings.rack_learning
+        )
         rack_penalty = 1.0
         if local_rack is not None and rack != local_rack:
             rack_penalty = settings.non_local_rack_penalty
@@ -475,7 +460,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             if old.tracking != config.tracking:
                 self.stats.reconfigure(config.tracking)
             if old.tracing != config.tracing or old.privacy != config.privacy:
-                self._configure_tracing(config)
+                self.decisions.configure(config)
             resolver = self._planner.resolver
             if resolver is not None and (
                 old.policy.replica_cache_size != config.policy.replica_cache_size
@@ -484,6 +469,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             if (
                 old.policy.non_local_rack_penalty != config.policy.non_local_rack_penalty
                 or old.policy.local_rack != config.policy.local_rack
+                or old.policy.rack_learning != config.policy.rack_learning
             ):
                 self._book.rebuild()
         return config
@@ -498,66 +484,23 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         See the module docstring for the guarantees. When a span is recording in the
         current context, the decision is recorded on it (see :mod:`adaptive_lb.tracing`).
         """
-        if self._tracking_sources == 0:
-            self._note_untracked_plan()
-        if self._tracer is not None:
+        if self._tracking.sources == 0:
+            self._tracking.note_plan()
+        decisions = self.decisions
+        if decisions.tracer is not None:
             span = current_recording_span()
-            if (span is not None or self._trace_without_parent) and (
-                self._trace_ratio >= 1.0 or random() < self._trace_ratio
+            if (span is not None or decisions.without_parent) and (
+                decisions.ratio >= 1.0 or random() < decisions.ratio
             ):
                 return self._traced_plan(span, working_keyspace, query)
         return self._planner.plan(working_keyspace, query)
-
-    def use_tracer_provider(self, tracer_provider: Any | None) -> None:
-        """Record decisions through ``tracer_provider`` from now on (None: the global one).
-        :func:`adaptive_lb.attach` passes the provider it built from the config."""
-        self._tracer_provider = tracer_provider
-        self._configure_tracing(self._config)
-
-    def send_decisions_to_requests(self, enabled: bool, *, without_parent: bool = False) -> None:
-        """Hand each plan's decision to the request span of the request it was made for
-        (:mod:`adaptive_lb.request_spans`) instead of recording it on the current span;
-        ``without_parent``: decide even when no span is current (the request span will be
-        a root span). :func:`adaptive_lb.attach` turns it on with request spans."""
-        self._handoff = threading.local() if enabled else None
-        self._trace_without_parent = enabled and without_parent
-
-    def take_decision(self, query: Any) -> tuple[Any, Any, Any] | None:
-        """The decision of the plan just made on this thread for ``query`` (handed over
-        once), or None. See :meth:`send_decisions_to_requests`."""
-        handoff = self._handoff
-        if handoff is None:
-            return None
-        pending = getattr(handoff, "pending", None)
-        if pending is None or pending[0] is not query:
-            return None
-        handoff.pending = None
-        return pending
-
-    def record_decision(self, span: Any, pending: tuple[Any, Any, Any]) -> None:
-        """Record a decision taken with :meth:`take_decision` on ``span``."""
-        tracer = self._tracer
-        if tracer is None:
-            return
-        try:
-            tracer.record(span, pending[1], pending[2])
-        except Exception:
-            self.errors.record("tracing", "the decision is not recorded on the span")
-
-    def _configure_tracing(self, config: Config) -> None:
-        if config.tracing.enabled:
-            self._tracer = DecisionTracer(config.tracing, config.privacy, self._tracer_provider)
-            self._trace_ratio = config.tracing.ratio
-        else:
-            self._tracer = None
 
     def _traced_plan(
         self, span: Any | None, working_keyspace: str | None, query: Any
     ) -> Iterator[Any]:
         record = PlanRecord()
         hosts = list(self._planner.plan(working_keyspace, query, record))
-        tracer = self._tracer
-        if tracer is None:  # a reload disabled tracing while this plan was being made
+        if self.decisions.tracer is None:  # a reload disabled tracing meanwhile
             return iter(hosts)
         try:
             cache = self.replica_cache
@@ -572,11 +515,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                 routing_keys=self._config.privacy.routing_keys,
                 pop_transition=self.health.pop_unreported,
             )
-            handoff = self._handoff
-            if handoff is not None and query is not None:
-                handoff.pending = (query, decision, events)
-            elif span is not None:
-                tracer.record(span, decision, events)
+            self.decisions.deliver(span, query, decision, events)
         except Exception:
             self.errors.record("tracing", "the decision is not recorded on the span")
         return iter(hosts)

@@ -317,9 +317,9 @@ class RequestTelemetry:
         attempts.telemetry = self
         attempts.request = _Request(span, policy.now_ns(), attributes)
         if span is not None:
-            decision = policy.take_decision(query)
+            decision = policy.decisions.take(query)
             if decision is not None:
-                policy.record_decision(span, decision)
+                policy.decisions.record_taken(span, decision)
         return attempts
 
     def _start_span(

@@ -13,13 +13,14 @@ values (unless :class:`~adaptive_lb.config.PrivacyConfig` allows the routing key
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from attrs import define
 from opentelemetry import trace
 
-from adaptive_lb.config import PrivacyConfig, TracingConfig
+from adaptive_lb.config import Config, PrivacyConfig, TracingConfig
 from adaptive_lb.scoring import penalty_of, score_of
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ __all__ = [
     "SPAN_NAME",
     "Candidate",
     "Decision",
+    "DecisionRecorder",
     "DecisionTracer",
     "build_decision",
     "current_recording_span",
@@ -100,6 +102,10 @@ class Decision:
     plan_length: int
     routing_key: bytes | None = None
     """Only set when ``privacy.routing_keys`` allows it."""
+    local_rack: str | None = None
+    """The client's rack in force (None: none known, no rack penalty)."""
+    local_rack_source: str = "unknown"
+    """``configured``, ``child``, ``learned`` or ``unknown``."""
 
 
 def build_decision(
@@ -170,6 +176,8 @@ def build_decision(
         config_hash=config_hash,
         plan_length=len(hosts),
         routing_key=routing_key if routing_keys else None,
+        local_rack=record.local_rack,
+        local_rack_source=record.local_rack_source,
     )
     return decision, events
 
@@ -198,8 +206,11 @@ class DecisionTracer:
             "adaptive_lb.fallback": decision.fallback,
             "adaptive_lb.config_hash": decision.config_hash,
             "adaptive_lb.plan_length": decision.plan_length,
+            "adaptive_lb.local_rack.source": decision.local_rack_source,
             "adaptive_lb.replica_cache.hit_ratio": round(decision.cache_hit_ratio, 4),
         }
+        if decision.local_rack is not None:
+            attributes["adaptive_lb.local_rack"] = decision.local_rack
         if decision.keyspace is not None:
             attributes["db.namespace"] = decision.keyspace
         if decision.cache_hit is not None:
@@ -241,3 +252,93 @@ class DecisionTracer:
             for name, event_attributes in events:
                 span.add_event(name, event_attributes)
         self.recorded += 1
+
+
+Pending = tuple[Any, Decision, list[tuple[str, dict[str, Any]]]]
+"""A decision waiting for its request span: ``(statement, decision, events)``."""
+
+
+class DecisionRecorder:
+    """Where one policy's decisions go: the tracer (per ``tracing`` config and tracer
+    provider), the fraction recorded, and -- with request spans
+    (:mod:`adaptive_lb.request_spans`) -- the hand-over of each plan's decision to the span
+    of the request it was made for, since the driver makes the plan before the request
+    exists. The policy reads :attr:`tracer`, :attr:`ratio` and :attr:`without_parent` on
+    its hot path."""
+
+    def __init__(
+        self,
+        config: Config,
+        tracer_provider: Any | None,
+        report_error: Callable[[str, str], None],
+    ) -> None:
+        self._provider = tracer_provider
+        self._config = config
+        self._report_error = report_error
+        self.tracer: DecisionTracer | None = None
+        """None when ``tracing.enabled`` is false."""
+        self.ratio = 1.0
+        """``tracing.ratio``."""
+        self.without_parent = False
+        """Decide even with no span current: the request span will be a root span."""
+        self._handoff: threading.local | None = None
+        self.configure(config)
+
+    def configure(self, config: Config) -> None:
+        """Apply ``config`` (at construction and on reload)."""
+        self._config = config
+        if config.tracing.enabled:
+            self.tracer = DecisionTracer(config.tracing, config.privacy, self._provider)
+            self.ratio = config.tracing.ratio
+        else:
+            self.tracer = None
+
+    def use_tracer_provider(self, tracer_provider: Any | None) -> None:
+        """Record through ``tracer_provider`` from now on (None: the global one)."""
+        self._provider = tracer_provider
+        self.configure(self._config)
+
+    def send_to_requests(self, enabled: bool, *, without_parent: bool = False) -> None:
+        """Hand each decision to its request span instead of recording it on the current
+        span; ``without_parent``: decide even when no span is current.
+        :func:`adaptive_lb.attach` turns it on with request spans."""
+        self._handoff = threading.local() if enabled else None
+        self.without_parent = enabled and without_parent
+
+    def deliver(
+        self,
+        span: Any | None,
+        query: Any,
+        decision: Decision,
+        events: list[tuple[str, dict[str, Any]]],
+    ) -> None:
+        """Record a plan's decision: handed over for ``query``'s request span when request
+        spans are on, else on ``span`` (the current recording span)."""
+        handoff = self._handoff
+        if handoff is not None and query is not None:
+            handoff.pending = (query, decision, events)
+        elif span is not None and self.tracer is not None:
+            self.tracer.record(span, decision, events)
+
+    def take(self, query: Any) -> Pending | None:
+        """The decision of the plan just made on this thread for ``query`` (handed over
+        once), or None."""
+        handoff = self._handoff
+        if handoff is None:
+            return None
+        pending = getattr(handoff, "pending", None)
+        if pending is None or pending[0] is not query:
+            return None
+        handoff.pending = None
+        return pending
+
+    def record_taken(self, span: Any, pending: Pending) -> None:
+        """Record a decision obtained with :meth:`take` on ``span`` (a failure is counted
+        in the ``tracing`` stage, never raised)."""
+        tracer = self.tracer
+        if tracer is None:
+            return
+        try:
+            tracer.record(span, pending[1], pending[2])
+        except Exception:
+            self._report_error("tracing", "the decision is not recorded on the span")

@@ -82,7 +82,7 @@ def test_decision_lands_in_the_instrumentation_span(driver_factory, nodes, trace
         # calling Session.execute_async, which builds the ResponseFuture and its query plan.
         assert span.start_time <= decisions[0].timestamp <= span.end_time
     # No enclosing span (a paging fetch, or the instrumentation removed): nothing recorded.
-    recorded = policy._tracer.recorded
+    recorded = policy.decisions.tracer.recorded
     instrumentation.CassandraInstrumentor().uninstrument()
     session.execute(statement, [99])
-    assert policy._tracer.recorded == recorded
+    assert policy.decisions.tracer.recorded == recorded

@@ -88,7 +88,7 @@ def test_plan_stages_fall_back_to_the_childs_plan(setup, captured_logs, monkeypa
 
 def test_tracing_failure_keeps_the_plan(setup, captured_logs, monkeypatch):
     _model, policy, provider = setup
-    monkeypatch.setattr(policy._tracer, "record", _raise)
+    monkeypatch.setattr(policy.decisions.tracer, "record", _raise)
     _plans_match_the_child(policy, murmur3_routing_keys(PLANS, seed=4), provider.get_tracer("t"))
     assert policy.internal_errors_by_stage["tracing"] == PLANS
     assert policy.internal_errors_by_stage["plan"] == 0

@@ -170,7 +170,7 @@ def capture_decisions(policy: AdaptiveLoadBalancingPolicy) -> list[Decision]:
     """Every Decision the policy's tracer records from now on (until the tracer is
     rebuilt by a reload that changes tracing or privacy)."""
     decisions: list[Decision] = []
-    tracer = policy._tracer
+    tracer = policy.decisions.tracer
     record = tracer.record
 
     def recording(span: Any, decision: Decision, events: Any = ()) -> None:

@@ -56,7 +56,7 @@ def setup(provider, config=None, *, root_spans=True, meter_provider=None):
     telemetry = RequestTelemetry(
         config, tracer_provider=provider, meter_provider=meter_provider, root_spans=root_spans
     )
-    policy.send_decisions_to_requests(telemetry.spans, without_parent=telemetry.root_spans)
+    policy.decisions.send_to_requests(telemetry.spans, without_parent=telemetry.root_spans)
     return model, policy, telemetry, clock
 
 
@@ -145,7 +145,7 @@ def test_nothing_recording_means_plain_tracking(traced):
     statement = SimpleStatement(TEXT, keyspace="ks")
     assert telemetry.observe(future_for(statement), policy) is None
     list(policy.make_query_plan("ks", statement))
-    assert policy.take_decision(statement) is None  # no span current: no decision made
+    assert policy.decisions.take(statement) is None  # no span current: no decision made
 
 
 def test_under_an_application_span_the_request_is_its_child(traced):

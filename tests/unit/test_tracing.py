@@ -110,7 +110,7 @@ def test_ratio_samples_decisions(tracing):
             list(policy.make_query_plan("ks", statement()))
     (_span,) = exporter.get_finished_spans()
     # The SDK keeps at most 128 events per span by default: count what the tracer recorded.
-    assert 800 < policy._tracer.recorded < 1200
+    assert 800 < policy.decisions.tracer.recorded < 1200
 
 
 def test_health_transition_shows_on_the_next_decision_touching_the_host(tracing):
@@ -220,7 +220,7 @@ def test_ratio_zero_records_nothing(tracing):
             list(policy.make_query_plan("ks", statement()))
     (span,) = exporter.get_finished_spans()
     assert span.events == ()
-    assert policy._tracer.recorded == 0
+    assert policy.decisions.tracer.recorded == 0
 
 
 def test_non_recording_span_records_nothing():
@@ -232,7 +232,7 @@ def test_non_recording_span_records_nothing():
     with provider.get_tracer("app").start_as_current_span("request") as span:
         assert not span.is_recording()
         list(policy.make_query_plan("ks", statement()))
-    assert policy._tracer.recorded == 0
+    assert policy.decisions.tracer.recorded == 0
 
 
 def test_decision_positions_match_the_counters():
