@@ -157,56 +157,78 @@ class _ObservedAttempts(_Attempts):
         # hear the end of its request even with no attempt outstanding.
         return self.request is not None or len(self) > 0
 
+    # Tracking first and always; the span's part is guarded: an exception there is counted
+    # (stage "tracing") and never reaches the driver's callback.
+
     def sent(self, host: Any) -> None:
         request = self.request
         if request is not None:
-            number = next(request.sends)
-            if number == 0:
-                kind = "first"
-            elif len(self):  # another attempt still outstanding: the driver raced it
-                kind = "speculative"
-                next(request.speculative)
-            else:
-                kind = "retry"
-            request.kinds[id(host)] = (number + 1, kind, host)
+            try:
+                number = next(request.sends)
+                if number == 0:
+                    kind = "first"
+                elif len(self):  # another attempt still outstanding: the driver raced it
+                    kind = "speculative"
+                    next(request.speculative)
+                else:
+                    kind = "retry"
+                request.kinds[id(host)] = (number + 1, kind, host)
+            except Exception:
+                self._failed()
         _Attempts.sent(self, host)
 
     def not_sent(self, host: Any) -> None:
         request = self.request
         if request is not None and id(host) in self:
-            self._event(request, host, "not_sent", None, None)
+            try:
+                self._event(request, host, "not_sent", None, None)
+            except Exception:
+                self._failed()
         _Attempts.not_sent(self, host)
 
     def answered(self, host: Any, response: Any) -> None:
         request = self.request
-        if request is None:
-            _Attempts.answered(self, host, response)
-            return
-        entry = self.get(id(host))
+        entry = self.get(id(host)) if request is not None else None
         _Attempts.answered(self, host, response)
-        if entry is None:
+        if request is None or entry is None:
             return
-        outcome = outcome_of(response)
-        code = getattr(response, "error_code", None) if isinstance(response, ErrorMessage) else None
-        status_code = str(code) if code is not None else None
-        latency = (self.policy.now_ns() - entry[1]) / 1e9
-        request.answered_by = host
-        request.last_status_code = None if outcome == SUCCESS else status_code
-        self._event(request, host, outcome, latency, status_code)
+        try:
+            outcome = outcome_of(response)
+            code = (
+                getattr(response, "error_code", None)
+                if isinstance(response, ErrorMessage)
+                else None
+            )
+            status_code = str(code) if code is not None else None
+            latency = (self.policy.now_ns() - entry[1]) / 1e9
+            request.answered_by = host
+            request.last_status_code = None if outcome == SUCCESS else status_code
+            self._event(request, host, outcome, latency, status_code)
+        except Exception:
+            self._failed()
 
     def ended(self, exception: BaseException | None) -> None:
         request = self.request
         if request is not None:
-            now = self.policy.now_ns()
-            lost = "client_timeout" if _is_timeout(exception) else "superseded"
-            for key, (_stats, sent_ns) in list(self.items()):
-                sent = request.kinds.get(key)
-                if sent is not None:
-                    self._event(request, sent[2], lost, (now - sent_ns) / 1e9, None)
+            try:
+                now = self.policy.now_ns()
+                lost = "client_timeout" if _is_timeout(exception) else "superseded"
+                for key, (_stats, sent_ns) in list(self.items()):
+                    sent = request.kinds.get(key)
+                    if sent is not None:
+                        self._event(request, sent[2], lost, (now - sent_ns) / 1e9, None)
+            except Exception:
+                self._failed()
         _Attempts.ended(self, exception)
         if request is not None:
             self.request = None  # later pages of a paged result are not part of this span
-            self.telemetry.finish(request, self.policy, exception)
+            try:
+                self.telemetry.finish(request, self.policy, exception)
+            except Exception:
+                self._failed()
+
+    def _failed(self) -> None:
+        self.policy.record_error("tracing", "this request's span goes without it")
 
     def _event(
         self,

@@ -217,7 +217,10 @@ class RequestTracker:
         if telemetry is not None and (
             telemetry.every_request or (telemetry.spans and current_recording_span() is not None)
         ):
-            attempts = telemetry.observe(future, policy)
+            try:
+                attempts = telemetry.observe(future, policy)
+            except Exception:
+                policy.record_error("tracing", "this request is tracked without its span")
         if attempts is None:
             attempts = _Attempts()
             attempts.policy = policy

@@ -239,3 +239,46 @@ def test_operation_names():
     assert operation_name(BatchStatement()) == "BATCH"
     assert operation_name(SimpleStatement("frobnicate the table")) is None
     assert operation_name(SimpleStatement("")) is None
+
+
+def test_a_failing_span_never_reaches_the_driver_and_is_counted(traced, monkeypatch):
+    provider, _exporter = traced
+    model, policy, telemetry, _clock = setup(provider)
+    statement = SimpleStatement(TEXT, keyspace="ks")
+    attempts = telemetry.observe(future_for(statement), policy)
+    span = attempts.request.span
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("exporter bug")
+
+    monkeypatch.setattr(span, "add_event", broken)
+    monkeypatch.setattr(span, "set_attributes", broken)
+    host = model.hosts[0]
+    attempts.sent(host)
+    attempts.answered(host, ResultMessage(2))
+    attempts.ended(None)
+    stats = policy.stats.get(host)
+    assert stats.in_flight == 0 and stats.requests_total == 1  # tracking unaffected
+    assert policy.internal_errors_by_stage["tracing"] == 2  # the event, then the end
+
+
+def test_a_failing_observe_leaves_the_request_tracked(monkeypatch):
+    from adaptive_lb.tracking import RequestTracker, _Attempts
+    from tests.unit.test_tracking import ListenerRegistry
+
+    _model, policy, telemetry, _clock = setup(None, root_spans=True)
+    tracker = RequestTracker(ListenerRegistry())
+    tracker.telemetry = telemetry
+
+    def broken(future, policy):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(telemetry, "observe", broken)
+    hooked = []
+    monkeypatch.setattr("adaptive_lb.tracking.hook_future", lambda f, a: hooked.append(a))
+    future = future_for(SimpleStatement(TEXT, keyspace="ks"))
+    future._load_balancer = policy
+    tracker._on_request(future)
+    (attempts,) = hooked
+    assert type(attempts) is _Attempts  # plain tracking
+    assert policy.internal_errors_by_stage["tracing"] == 1
