@@ -469,3 +469,58 @@ def test_rejected_headers_are_never_echoed(model, tmp_path, captured_logs):
         },
         (SENTINEL_HDR,),
     )
+
+
+def test_request_spans_and_durations_carry_no_sentinel(model, captured_logs):
+    """Request spans (every attribute and attempt event, errors quoting the statement
+    included) and ``db.client.operation.duration`` with privacy at its defaults: no
+    sentinel. The span still says what happened (operation, keyspace, outcomes)."""
+    import types
+
+    from cassandra.protocol import QueryMessage
+
+    from adaptive_lb.request_spans import RequestTelemetry
+
+    clock = ManualClock(10**12)
+    provider, exporter = tracing()
+    reader = InMemoryMetricReader()
+    config = Config(metrics=MetricsConfig(otel_enabled=True))
+    policy = AdaptiveLoadBalancingPolicy(
+        TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")),
+        config,
+        clock=clock,
+        tracer_provider=provider,
+    )
+    policy.populate(model.cluster, model.metadata.all_hosts())
+    telemetry = RequestTelemetry(
+        config,
+        tracer_provider=provider,
+        meter_provider=MeterProvider(metric_readers=[reader]),
+        root_spans=True,
+    )
+    policy.decisions.send_to_requests(True, without_parent=True)
+    responses = server_responses()
+    for i in range(20):
+        for stmt in statements():
+            plan = list(policy.make_query_plan("ks", stmt))
+            future = types.SimpleNamespace(
+                query=stmt,
+                session=types.SimpleNamespace(keyspace="ks"),
+                message=QueryMessage(STATEMENT_TEXT, ConsistencyLevel.ONE),
+            )
+            attempts = telemetry.observe(future, policy)
+            attempts.sent(plan[0])
+            attempts.sent(plan[1])
+            clock.advance(1_000_000)
+            attempts.answered(plan[0], responses[i % len(responses)]())
+            failure = OperationTimedOut({plan[1]: STATEMENT_TEXT}, plan[1]) if i % 3 else None
+            attempts.ended(failure)
+    spans = exporter.get_finished_spans()
+    assert len([s for s in spans if s.kind.name == "CLIENT"]) == 20 * len(statements())
+    assert {s.attributes.get("db.operation.name") for s in spans} == {"SELECT"}
+    texts = {
+        "spans": span_texts(exporter),
+        "metrics": [reader.get_metrics_data().to_json()],
+        "logs": log_texts(captured_logs.records),
+    }
+    assert_no_sentinel(texts)
