@@ -30,6 +30,7 @@ from adaptive_lb.health_rules import (
     warming_penalty,
 )
 from adaptive_lb.health_state import HealthState
+from adaptive_lb.locality import RackDistances, RackKey
 from adaptive_lb.stats import HostStats, WindowStats
 
 __all__ = [
@@ -48,6 +49,7 @@ log = logging.getLogger("adaptive_lb.health")
 _NS = 1_000_000_000
 _REPORTED_PERCENTILES = (50.0, 95.0, 99.0)
 """Percentiles computed at each refresh besides the configured one (snapshots, exporters)."""
+_PENALISED = (HealthState.SLOW, HealthState.ERRORING)
 
 
 @define(frozen=True, slots=True)
@@ -85,6 +87,8 @@ class HealthModel:
         """Per host: (answers counted at the last refresh, since when it has had requests in
         flight without a new answer, ns), for the stall rule."""
         self._next_refresh_ns = 0
+        self.rack_distances = RackDistances()
+        """Each rack's distance from this client (refreshed with ``racks``)."""
         self.refreshes = 0
         """Refreshes done (for tests and diagnostics)."""
 
@@ -92,6 +96,11 @@ class HealthModel:
     def config(self) -> HealthConfig:
         """The health config in force."""
         return self._config
+
+    @property
+    def clock(self) -> Clock:
+        """The clock verdicts are timed with."""
+        return self._clock
 
     def reconfigure(self, config: HealthConfig, window_s: float | None = None) -> None:
         """Use new thresholds and penalties (and statistics window length) from the next
@@ -150,6 +159,7 @@ class HealthModel:
         stats: Mapping[Hashable, HostStats],
         groups: Mapping[Hashable, Hashable],
         is_known: Callable[[Hashable], bool] | None = None,
+        racks: Mapping[Hashable, Hashable] | None = None,
     ) -> list[HealthTransition] | None:
         """:meth:`refresh` if ``refresh_interval`` has passed since the last one and no other
         thread is refreshing right now; None otherwise (an int compare when it is not
@@ -162,7 +172,7 @@ class HealthModel:
             # Another thread may have refreshed between the compare and the acquire.
             if self._clock.now_ns() < self._next_refresh_ns:
                 return None
-            return self._refresh(stats, groups, is_known)
+            return self._refresh(stats, groups, is_known, racks)
         finally:
             self._refresh_lock.release()
 
@@ -171,29 +181,35 @@ class HealthModel:
         stats: Mapping[Hashable, HostStats],
         groups: Mapping[Hashable, Hashable],
         is_known: Callable[[Hashable], bool] | None = None,
+        racks: Mapping[Hashable, Hashable] | None = None,
     ) -> list[HealthTransition]:
         """Compute every host's window once, the peer medians per group (a host's peers are
         the other hosts of its group, e.g. its datacenter; hosts missing from ``groups``
         form one group), and the new verdicts; publish them on the hosts' stats and return
         the transitions. Waits for a refresh in progress.
 
+        ``racks`` (host -> rack), when given, makes the peers true peers: the host's rack,
+        else its group corrected by each rack's distance (:mod:`adaptive_lb.peer_groups`),
+        kept in :attr:`rack_distances`.
+
         ``is_known(key)``, when given, is asked while the verdicts are applied: a key it
         denies (removed since ``stats`` was taken) gets no verdict. The caller must
         publish a removal before calling :meth:`forget`, so that a removal racing the
         refresh is seen by one or the other."""
         with self._refresh_lock:
-            return self._refresh(stats, groups, is_known)
+            return self._refresh(stats, groups, is_known, racks)
 
     def _refresh(
         self,
         stats: Mapping[Hashable, HostStats],
         groups: Mapping[Hashable, Hashable],
         is_known: Callable[[Hashable], bool] | None,
+        racks: Mapping[Hashable, Hashable] | None,
     ) -> list[HealthTransition]:
         with self._state_lock:
             self._refreshing = True
         try:
-            return self._assess_all(stats, groups, is_known)
+            return self._assess_all(stats, groups, is_known, racks)
         finally:
             with self._state_lock:
                 self._refreshing = False
@@ -204,6 +220,7 @@ class HealthModel:
         stats: Mapping[Hashable, HostStats],
         groups: Mapping[Hashable, Hashable],
         is_known: Callable[[Hashable], bool] | None,
+        racks: Mapping[Hashable, Hashable] | None,
     ) -> list[HealthTransition]:
         config = self._config
         window_s = self._window_s
@@ -211,9 +228,13 @@ class HealthModel:
         percentiles = sorted({*_REPORTED_PERCENTILES, float(config.percentile)})
         # The expensive part (percentiles), with no lock the hot path or mark_up wait for.
         windows = {key: host.window_stats(percentiles) for key, host in stats.items()}
-        medians = peer_medians(windows, groups, config)
-
         now = self._clock.now_ns()
+        distances = None
+        if racks is not None:
+            self._measure_racks(windows, groups, racks, now)
+            distances = self.rack_distances.distances
+        medians = peer_medians(windows, groups, config, racks, distances)
+
         transitions = []
         with self._state_lock:
             for key, window in windows.items():
@@ -223,11 +244,19 @@ class HealthModel:
                 host = stats[key]
                 old = self._health.get(key) or HostHealth.initial(now, config)
                 stalled_s = self._stalled_s(key, host, window.in_flight, now)
-                new = assess(old, window, medians[key], config, now, window_s, stalled_s)
+                failures = host.errors_total + host.timeouts_total
+                answers = host.requests_total - failures
+                new = assess(
+                    old, window, medians[key], config, now, window_s, stalled_s, answers, failures
+                )
                 self._health[key] = new
                 host.health_penalty = new.penalty
                 host.health_state = new.state
                 if new.state is not old.state:
+                    if old.state in _PENALISED and new.state not in _PENALISED:
+                        # Back from SLOW / ERRORING: judged from now on by what it does now,
+                        # not by a window that still holds the bad period.
+                        host.reconfigure(host.config)
                     transition = HealthTransition(key, old, new)
                     transitions.append(transition)
                     self._unreported[key] = transition
@@ -241,6 +270,32 @@ class HealthModel:
         for transition in transitions:
             self._log(transition)
         return transitions
+
+    def _measure_racks(
+        self,
+        windows: Mapping[Hashable, WindowStats],
+        groups: Mapping[Hashable, Hashable],
+        racks: Mapping[Hashable, Hashable],
+        now_ns: int,
+    ) -> None:
+        """Update :attr:`rack_distances` from the p50 of the hosts that were HEALTHY at the
+        last refresh and have ``min_samples`` (before judging them: a host that slows down
+        is judged against its rack's distance from before)."""
+        min_samples = self._config.min_samples
+        measured: dict[RackKey, list[float]] = {}
+        for key, window in windows.items():
+            p50 = window.latency.get(50.0)
+            health = self._health.get(key)
+            if (
+                p50 is None
+                or window.samples < min_samples
+                or key not in racks
+                or (health is not None and health.state is not HealthState.HEALTHY)
+            ):
+                continue
+            measured.setdefault((groups.get(key), racks[key]), []).append(p50)
+        self.rack_distances.update(measured, now_ns, self._window_s)
+        self.rack_distances.forget({(groups.get(key), rack) for key, rack in racks.items()})
 
     def _stalled_s(self, key: Hashable, host: HostStats, in_flight: int, now_ns: int) -> float:
         """Seconds ``key`` has had requests in flight without answering any, judged from

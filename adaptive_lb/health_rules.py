@@ -1,7 +1,8 @@
 """Health rules: the verdict on a host from its statistics window, as pure functions.
 
 :func:`assess` maps the previous verdict, the window and the peers' median to the next
-verdict (a :class:`HostHealth`); :func:`peer_medians` finds each host's peers' median;
+verdict (a :class:`HostHealth`); :func:`peer_medians` (:mod:`adaptive_lb.peer_groups`)
+finds each host's peers' median;
 :func:`warming_penalty` is the penalty of a host coming back. No state, no threads, no
 clock, no driver: :class:`adaptive_lb.health.HealthModel` keeps the verdicts and applies
 these rules at each refresh.
@@ -10,10 +11,11 @@ States (:class:`HealthState`):
 
 * HEALTHY -- penalty ``penalties.healthy`` (1).
 * SLOW -- its latency at ``percentile`` is above ``outlier_factor`` x the median of the
-  same percentile among its peers (the *other* hosts of its group, e.g. its datacenter,
-  that have ``min_samples``) *and* above ``slow_floor``, over at least ``min_samples``
-  samples. Penalty ``penalties.slow``. A host without peers that have data cannot be
-  judged SLOW: there is nothing to be an outlier against.
+  same percentile among its peers (the other hosts at a comparable distance from this
+  client that have ``min_samples``: its rack, else its datacenter corrected by each rack's
+  measured distance; see :mod:`adaptive_lb.peer_groups`) *and* above ``slow_floor``, over
+  at least ``min_samples`` samples. Penalty ``penalties.slow``. A host without peers that
+  have data cannot be judged SLOW: there is nothing to be an outlier against.
 * ERRORING -- (errors + timeouts) / requests above ``error_rate`` over at least
   ``min_samples`` requests; or *stalled*: requests in flight on it and not one answer (a
   timeout is not an answer) for ``stall_timeout``. Wins over SLOW. Penalty
@@ -31,13 +33,24 @@ Quick to protect, slow to forgive:
 
 * Getting worse is immediate: HEALTHY or WARMING -> SLOW / ERRORING, and SLOW -> ERRORING,
   at the first refresh that shows it.
-* Getting better needs ``min_state_duration`` in the state (no state other than HEALTHY is
-  left sooner) *and* numbers clearly back to normal: SLOW is left when the latency is below
+* Getting better needs the *hold* in the state -- ``min_state_duration``, doubled for each
+  relapse, at most a window (:func:`~adaptive_lb.health_return.hold_s`; no state other
+  than HEALTHY is left sooner) -- *and* evidence. Fresh evidence first (what the host did
+  since its verdict, from its answer and failure counts; its window may still hold the bad
+  period): a *stalled* host that answers again, or an ERRORING host that answers
+  ``CLEAN_STREAK`` (10) times in a row without a failure, starts WARMING at the next
+  refresh (:mod:`adaptive_lb.health_return`). A stalled host with nothing in flight any
+  more is probed (WARMING) as soon as the hold is over: a probe that hangs costs one
+  request, waiting a window costs the host's whole share. Otherwise the window must show
+  the numbers clearly back to normal: SLOW is left when the latency is below
   ``recovery_factor`` x the entry threshold (``outlier_factor`` x peer median, or the floor
   if higher), ERRORING when the error rate is below ``recovery_factor`` x ``error_rate``.
   Leaving either goes to WARMING (or to the other bad state if the host is in it).
   HEALTHY is only reached from WARMING, after ``max(slow_start, min_state_duration)``, so
-  a host cannot flap between penalised and not penalised faster than that.
+  a host cannot flap between penalised and not penalised faster than that. Leaving SLOW /
+  ERRORING restarts the host's statistics window (done by the health model): from then on
+  it is judged by what it does, not by the bad period. A host that turns bad again soon
+  after a return it had answered well in is a *relapse*: held twice as long next time.
 * No evidence is not evidence of recovery: with fewer than ``min_samples`` (samples for
   SLOW, requests for ERRORING) a bad state holds -- but a penalised host gets little
   traffic, so once a whole window has passed in the state without enough fresh evidence,
@@ -48,21 +61,17 @@ Quick to protect, slow to forgive:
 
 from __future__ import annotations
 
-import bisect
-import statistics
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import TypeVar
-
-from attrs import define
+from attrs import define, field
 
 from adaptive_lb.config import HealthConfig
+from adaptive_lb.health_return import CLEAN_STREAK, Evidence, hold_s
 from adaptive_lb.health_state import HealthState
+from adaptive_lb.peer_groups import _median_without, peer_median, peer_medians  # noqa: F401
 from adaptive_lb.stats import WindowStats
 
 __all__ = ["HostHealth", "assess", "peer_median", "peer_medians", "warming_penalty"]
 
 _NS = 1_000_000_000
-_K = TypeVar("_K", bound=Hashable)
 
 
 @define(frozen=True, slots=True)
@@ -86,6 +95,13 @@ class HostHealth:
     """Latency samples in the window."""
     requests: int = 0
     """Requests with an outcome in the window."""
+    cause: str = ""
+    """Why a SLOW / ERRORING host is penalised, which decides its way back: ``slow``
+    (latency outlier), ``errors`` (error rate) or ``stall`` (no answer with requests in
+    flight); empty for HEALTHY and WARMING."""
+    evidence: Evidence = field(factory=Evidence)
+    """Its answers and failures since the verdict, returns and relapses
+    (:mod:`adaptive_lb.health_return`)."""
 
     @classmethod
     def initial(cls, now_ns: int, config: HealthConfig) -> HostHealth:
@@ -113,57 +129,8 @@ def warming_penalty(start: float, elapsed_s: float, slow_start: float, end: floa
     return min(start, max(end, 1.0 / weight))  # 1 / (1 / start) may round above start
 
 
-def peer_median(values: Iterable[float | None]) -> float | None:
-    """Median of the peers' latencies (None values ignored), or None if there are none."""
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
-def _median_without(ordered: Sequence[float], value: float) -> float | None:
-    """``peer_median`` of ``ordered`` (sorted) minus one occurrence of ``value`` (which it
-    holds), in O(log n): a refresh of a large datacenter stays linear."""
-    remaining = len(ordered) - 1
-    if remaining <= 0:
-        return None
-    removed = bisect.bisect_left(ordered, value)
-
-    def at(position: int) -> float:
-        return ordered[position if position < removed else position + 1]
-
-    middle = remaining // 2
-    if remaining % 2:
-        return at(middle)
-    return (at(middle - 1) + at(middle)) / 2
-
-
-def peer_medians(
-    windows: Mapping[_K, WindowStats],
-    groups: Mapping[_K, Hashable],
-    config: HealthConfig,
-) -> dict[_K, float | None]:
-    """Each host's peer median: the :func:`peer_median` of the latency at
-    ``config.percentile`` of the *other* hosts of its group (``groups``; hosts missing from
-    it form one group) that have ``min_samples`` samples. O(n log n) for n hosts."""
-    percentile = float(config.percentile)
-    own: dict[_K, float] = {}
-    by_group: dict[Hashable, list[float]] = {}
-    for key, window in windows.items():
-        latency = window.latency.get(percentile)
-        if latency is not None and window.samples >= config.min_samples:
-            own[key] = latency
-            by_group.setdefault(groups.get(key), []).append(latency)
-    for values in by_group.values():
-        values.sort()
-    medians: dict[_K, float | None] = {}
-    for key in windows:
-        group = by_group.get(groups.get(key), [])
-        latency = own.get(key)
-        medians[key] = peer_median(group) if latency is None else _median_without(group, latency)
-    return medians
-
-
-def _ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1000:.1f}ms"
+def _s(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds:.4f}s"
 
 
 def assess(
@@ -174,6 +141,8 @@ def assess(
     now_ns: int,
     window_s: float = 10.0,
     stalled_s: float = 0.0,
+    answers: int = 0,
+    failures: int = 0,
 ) -> HostHealth:
     """The next verdict for a host; a pure function (see the module docstring for the
     rules).
@@ -183,7 +152,10 @@ def assess(
     the host cannot be SLOW). ``window_s`` is the statistics window's length: after that
     long in SLOW / ERRORING without ``min_samples`` of fresh evidence a host starts WARMING.
     ``stalled_s`` is how long the host has had requests in flight without answering any
-    (0 when it has none in flight, or answered since the last refresh).
+    (0 when it has none in flight, or answered since the last refresh). ``answers`` and
+    ``failures`` are the host's monotonic totals of successes and of errors + timeouts:
+    what it did since the previous verdict is the fresh evidence of a way back
+    (:mod:`adaptive_lb.health_return`).
     """
     penalties = config.penalties
     latency = window.latency.get(float(config.percentile))
@@ -200,8 +172,17 @@ def assess(
     in_state_s = (now_ns - previous.since_ns) / _NS
     settled = in_state_s >= config.min_state_duration
     pct = f"p{config.percentile:g}"
+    evidence, streak = previous.evidence.observe(answers, failures)
+    cause = previous.cause or ("errors" if state is HealthState.ERRORING else "slow")
 
-    def verdict(new_state: HealthState, penalty: float, reason: str, since_ns: int) -> HostHealth:
+    def verdict(
+        new_state: HealthState,
+        penalty: float,
+        reason: str,
+        since_ns: int,
+        new_cause: str = "",
+        new_evidence: Evidence = evidence,
+    ) -> HostHealth:
         return HostHealth(
             new_state,
             since_ns,
@@ -212,46 +193,73 @@ def assess(
             error_rate=error_rate,
             samples=window.samples,
             requests=window.requests,
+            cause=new_cause,
+            evidence=new_evidence,
         )
 
     def hold(penalty: float) -> HostHealth:
-        return verdict(state, penalty, previous.reason, previous.since_ns)
+        return verdict(state, penalty, previous.reason, previous.since_ns, previous.cause)
 
     def warming(reason: str) -> HostHealth:
         start = HostHealth.warming(now_ns, config, reason)
-        return verdict(start.state, start.penalty, reason, now_ns)
+        came_back = evidence.came_back(now_ns, answers)
+        return verdict(start.state, start.penalty, reason, now_ns, "", came_back)
+
+    def worse(new_state: HealthState, penalty: float, reason: str, new_cause: str) -> HostHealth:
+        if state in (HealthState.HEALTHY, HealthState.WARMING):
+            new_evidence = evidence.turned_bad(now_ns, answers, window_s)
+        else:
+            new_evidence = evidence.restarted(answers)
+        return verdict(new_state, penalty, reason, now_ns, new_cause, new_evidence)
 
     def slow_reason() -> str:
         return (
-            f"{pct} {_ms(latency)} > {config.outlier_factor:.1f} x peer median "
-            f"{_ms(peer_median)} (floor {_ms(config.slow_floor)}), {window.samples} samples"
+            f"{pct} {_s(latency)} > {config.outlier_factor:.1f} x peer median "
+            f"{_s(peer_median)} (floor {_s(config.slow_floor)}), {window.samples} samples"
         )
 
     # Getting worse: at once.
     if stalled and state is not HealthState.ERRORING:
-        return verdict(
+        return worse(
             HealthState.ERRORING,
             penalties.erroring,
             f"stalled: no answer for {stalled_s:.1f}s with {window.in_flight} requests in flight",
-            now_ns,
+            "stall",
         )
     if erroring and state is not HealthState.ERRORING:
-        return verdict(
+        return worse(
             HealthState.ERRORING,
             penalties.erroring,
             f"error+timeout rate {error_rate:.1%} > {config.error_rate:.1%} "
             f"over {window.requests} requests",
-            now_ns,
+            "errors",
         )
     if slow and state in (HealthState.HEALTHY, HealthState.WARMING):
-        return verdict(HealthState.SLOW, penalties.slow, slow_reason(), now_ns)
+        return worse(HealthState.SLOW, penalties.slow, slow_reason(), "slow")
+
+    if state in (HealthState.ERRORING, HealthState.SLOW):
+        # The way back from fresh evidence (see adaptive_lb.health_return), after the hold.
+        penalty = penalties.erroring if state is HealthState.ERRORING else penalties.slow
+        if stalled or in_state_s < hold_s(config.min_state_duration, evidence.relapses, window_s):
+            return hold(penalty)
+        if cause == "stall":
+            # Its window holds the stall's timeouts: judge it by what it does now -- once
+            # nothing caught in the stall is in flight on it any more (their late answers
+            # must not be the first samples of its new window).
+            if window.in_flight > 0:
+                return hold(penalty)
+            if streak > 0:
+                return warming(f"answering again after a stall: {streak} answers, none failed")
+            return warming("probing: stalled, and nothing in flight on it any more")
+        if cause == "errors" and streak >= CLEAN_STREAK:
+            if slow:
+                return worse(HealthState.SLOW, penalties.slow, slow_reason(), "slow")
+            return warming(f"errors stopped: {streak} answers in a row, none failed")
 
     if state is HealthState.ERRORING:
-        if not settled or stalled:
-            return hold(penalties.erroring)
         if enough_requests and error_rate < config.recovery_factor * config.error_rate:
             if slow:
-                return verdict(HealthState.SLOW, penalties.slow, slow_reason(), now_ns)
+                return worse(HealthState.SLOW, penalties.slow, slow_reason(), "slow")
             return warming(
                 f"recovered: error+timeout rate {error_rate:.1%} < "
                 f"{config.recovery_factor:g} x {config.error_rate:.1%} "
@@ -265,15 +273,13 @@ def assess(
         return hold(penalties.erroring)
 
     if state is HealthState.SLOW:
-        if not settled:
-            return hold(penalties.slow)
         if enough_samples and latency is not None:
             if threshold is None:
-                return warming(f"no peer latency to compare {pct} {_ms(latency)} with")
+                return warming(f"no peer latency to compare {pct} {_s(latency)} with")
             if latency < config.recovery_factor * threshold:
                 return warming(
-                    f"recovered: {pct} {_ms(latency)} < {config.recovery_factor:g} x "
-                    f"{_ms(threshold)} (peer median {_ms(peer_median)}), "
+                    f"recovered: {pct} {_s(latency)} < {config.recovery_factor:g} x "
+                    f"{_s(threshold)} (peer median {_s(peer_median)}), "
                     f"{window.samples} samples"
                 )
         elif in_state_s >= window_s:
@@ -288,7 +294,7 @@ def assess(
             return verdict(
                 HealthState.HEALTHY,
                 penalties.healthy,
-                f"warm-up complete after {in_state_s:.1f}s: {pct} {_ms(latency)}, "
+                f"warm-up complete after {in_state_s:.1f}s: {pct} {_s(latency)}, "
                 f"error+timeout rate {error_rate:.1%}",
                 now_ns,
             )
@@ -300,7 +306,7 @@ def assess(
     return verdict(
         HealthState.HEALTHY,
         penalties.healthy,
-        f"{pct} {_ms(latency)} (peer median {_ms(peer_median)}), {window.samples} samples; "
+        f"{pct} {_s(latency)} (peer median {_s(peer_median)}), {window.samples} samples; "
         f"error+timeout rate {error_rate:.1%} over {window.requests} requests",
         previous.since_ns,
     )

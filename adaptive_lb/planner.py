@@ -26,8 +26,9 @@ from cassandra import ConsistencyLevel
 from cassandra.policies import LoadBalancingPolicy
 
 from adaptive_lb._driver import ChildChain
-from adaptive_lb.config import Config
+from adaptive_lb.config import Config, RackLearningConfig
 from adaptive_lb.counting import counter_value
+from adaptive_lb.locality import resolve_local_rack
 from adaptive_lb.replicas import ReplicaResolver
 from adaptive_lb.scoring import HostView, best_replica, order_lwt, rank
 from adaptive_lb.topology import TopologyBook
@@ -59,14 +60,20 @@ class PlanSettings:
     token_aware: bool
     lwt_deterministic: bool
     local_rack: str | None
+    """The configured rack, else the child's (None: to be learned, or none)."""
+    local_rack_source: str = "unknown"
+    """``configured``, ``child``, ``learned`` (to be learned: ``local_rack: auto``) or
+    ``unknown`` (none)."""
+    rack_learning: RackLearningConfig | None = None
+    """How to learn the rack (only when ``local_rack_source`` is ``learned``)."""
 
     @classmethod
     def of(cls, config: Config, chain: ChildChain) -> PlanSettings:
-        """The settings of ``config``; the local rack falls back to the child's own."""
+        """The settings of ``config``; the local rack falls back to the child's own, then
+        (``auto``) to learning it (:func:`adaptive_lb.locality.resolve_local_rack`)."""
         p = config.policy
-        local_rack = p.local_rack
-        if local_rack is None:
-            local_rack = getattr(chain.base, "local_rack", None) or None
+        child_rack = getattr(chain.base, "local_rack", None) or None
+        local_rack, source = resolve_local_rack(p.local_rack, child_rack)
         return cls(
             sample_size=p.sample_size,
             non_replica_penalty=p.non_replica_penalty,
@@ -74,6 +81,8 @@ class PlanSettings:
             token_aware=p.token_aware,
             lwt_deterministic=p.lwt_deterministic,
             local_rack=local_rack,
+            local_rack_source=source,
+            rack_learning=p.rack_learning if source == "learned" else None,
         )
 
 
@@ -94,6 +103,10 @@ class PlanRecord:
     """One of :data:`DECISION_POSITIONS`."""
     fallback: bool = False
     """An internal error made the rest of the plan the child's."""
+    local_rack: str | None = None
+    """The client's rack in force (None: none known)."""
+    local_rack_source: str = "unknown"
+    """Where it comes from (:data:`adaptive_lb.locality.LOCAL_RACK_SOURCES`)."""
 
 
 class Planner:
@@ -130,6 +143,9 @@ class Planner:
         topology = self.book.topology
         settings = self.settings
         chain = self.chain
+        if record is not None:
+            local_rack = self.book.local_rack
+            record.local_rack, record.local_rack_source = local_rack.rack, local_rack.source
         decisions = self._decisions
         yielded: set[int] | None = None
         rest: Iterator[Any] | None = None

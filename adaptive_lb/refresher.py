@@ -3,20 +3,22 @@ then, off the request path -- by a background thread in production, by the simul
 virtual clock in simulation.
 
 Each refresh computes every known host's window once (percentiles are computed here, never
-per request), lets :class:`~adaptive_lb.health.HealthModel` judge each host against the
-other hosts of its datacenter, and re-weighs the remote racks of the local datacenter by
-their measured distance (:mod:`adaptive_lb.proximity`), publishing each host's penalties on
-its :class:`~adaptive_lb.stats.HostStats` for the hot path to read.
+per request), lets :class:`~adaptive_lb.health.HealthModel` judge each host against its
+true peers (its rack, else its datacenter corrected by distance), and re-weighs the remote
+racks of the local datacenter by their measured distance (:mod:`adaptive_lb.proximity`),
+publishing each host's penalties on its :class:`~adaptive_lb.stats.HostStats` for the hot
+path to read.
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
 import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from adaptive_lb.health import HealthModel, HealthTransition
+from adaptive_lb.health import HealthModel, HealthState, HealthTransition
 from adaptive_lb.proximity import rack_proximity
 from adaptive_lb.stats import HostStats
 from adaptive_lb.topology import TopologyBook
@@ -44,17 +46,17 @@ class HealthRefresh:
     def refresh(self) -> list[HealthTransition]:
         """Refresh now (waits for a refresh in progress); the health transitions."""
         stats, groups = self.inputs()
-        transitions = self.health.refresh(stats, groups, self._book.knows)
-        self._refresh_rack_proximity()
+        transitions = self.health.refresh(stats, groups, self._book.knows, self.racks())
+        self._refresh_locality()
         return transitions
 
     def maybe_refresh(self) -> list[HealthTransition] | None:
         """:meth:`refresh` if ``health.refresh_interval`` has passed since the last one and
         no other thread is refreshing; None otherwise."""
         stats, groups = self.inputs()
-        transitions = self.health.maybe_refresh(stats, groups, self._book.knows)
+        transitions = self.health.maybe_refresh(stats, groups, self._book.knows, self.racks())
         if transitions is not None:
-            self._refresh_rack_proximity()
+            self._refresh_locality()
         return transitions
 
     def inputs(self) -> tuple[dict[Hashable, HostStats], dict[Hashable, Any]]:
@@ -65,12 +67,49 @@ class HealthRefresh:
             {view.host: view.datacenter for view in views},
         )
 
+    def racks(self) -> dict[Hashable, Any]:
+        """Every known host's rack: health peers are true peers (its rack first, see
+        :mod:`adaptive_lb.peer_groups`)."""
+        return {view.host: view.rack for view in self._book.topology.by_id.values()}
+
     def rack_factor(self, rack_penalty: float, rack: Any) -> float:
         """The live rack factor of a host: its static rack penalty, times its rack's
         proximity when that is a remote rack."""
         if rack_penalty <= 1.0:
             return rack_penalty
         return rack_penalty * self.rack_proximity.get(rack, 1.0)
+
+    def _refresh_locality(self) -> None:
+        """After a health refresh: learn the local rack (``local_rack: auto``), then
+        re-weigh the remote racks."""
+        if self._book.local_rack.learning:
+            self._learn_local_rack()
+        self._refresh_rack_proximity()
+
+    def _learn_local_rack(self) -> None:
+        """Feed the rack learner the median p50 of each local rack's live HEALTHY hosts
+        that have ``min_samples`` (from the windows the health refresh just computed); when
+        the learned rack changes, rebuild the snapshot (every host's rack penalty)."""
+        min_samples = self.health.config.min_samples
+        local = [v for v in self._book.topology.by_id.values() if v.is_local]
+        latencies: dict[Any, list[float]] = {}
+        for view in local:
+            if not view.live or view.stats.health_state is not HealthState.HEALTHY:
+                continue
+            window = self.health.window_stats(view.host)
+            if window is None or window.samples < min_samples:
+                continue
+            latency = window.latency.get(50.0)
+            if latency is not None:
+                latencies.setdefault(view.rack, []).append(latency)
+        medians = {rack: statistics.median(values) for rack, values in latencies.items()}
+        racks = {view.rack for view in local}
+        live = {view.rack for view in local if view.live}
+        now = self.health.clock.now_ns()
+        with self._book.lock:  # against a reload reconfiguring it
+            if self._book.local_rack.observe(medians, racks, now, live):
+                self.rack_proximity = {}  # measured against the old local rack
+                self._book.rebuild()
 
     def _refresh_rack_proximity(self) -> None:
         """Re-weigh the remote racks of the local datacenter from the windows the health

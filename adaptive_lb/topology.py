@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import define, field
 
+from adaptive_lb.locality import LocalRack
 from adaptive_lb.scoring import HostView
 
 if TYPE_CHECKING:
@@ -133,6 +134,9 @@ class TopologyBook:
         self._generation = 0
         self._hosts: dict[int, Any] = {}
         self._live: set[int] = set()
+        self.local_rack = LocalRack()
+        """The client's rack: configured, the child's or learned (``make_view`` reads it;
+        the health refresh learns it and rebuilds the snapshot when it changes)."""
 
     def knows(self, host: Any) -> bool:
         """``host`` was added and not removed since."""

@@ -32,6 +32,26 @@ from adaptive_lb.config.validation import (
 
 
 @define(frozen=True, slots=True)
+class RackLearningConfig:
+    """How ``local_rack: auto`` learns the client's rack from the latency it measures: the
+    rack of the local datacenter whose healthy hosts (``health.min_samples`` each) answer
+    fastest at the median, by a margin, for a while."""
+
+    margin: float = field(default=0.2, validator=[number, gt(0.0), le(0.9)])
+    """A rack is learned when its median latency is at most (1 - margin) x every other
+    measured rack's; a learned rack is doubted when another rack beats it by the same
+    margin, or when it got slower than when it was learned by that much (the client
+    moved)."""
+    learn_after: float = duration(1.0, ge(0.0), le(3600.0))
+    """How long the same rack must stay the clear fastest before it is learned."""
+    relearn_after: float = duration(30.0, ge(0.0), le(86400.0))
+    """How long a learned rack must stay in doubt before it is forgotten and learned again
+    from fresh measurements (no rack penalty meanwhile): one slow local node, a restart or
+    a GC pause never lasts that long in a way that counts (unhealthy hosts are not
+    measured); a client moved to another zone does."""
+
+
+@define(frozen=True, slots=True)
 class PolicyConfig:
     """How the candidate list is built and scored (the weighted least-loaded ordering):
     the live local replicas of the routing key, then random live local hosts, each scored
@@ -41,7 +61,8 @@ class PolicyConfig:
     """Most candidates scored per plan: replicas first, then random local hosts."""
     non_local_rack_penalty: float = field(default=4.0, validator=[number, ge(1.0)])
     """Score multiplier for a host outside the local rack (only when a local rack is known:
-    ``local_rack`` below, or the child policy's, e.g. RackAwareRoundRobinPolicy)."""
+    ``local_rack`` below -- configured or learned -- or the child policy's, e.g.
+    RackAwareRoundRobinPolicy)."""
     rack_proximity_cap: float = field(default=4.0, validator=[number, ge(1.0), le(100.0)])
     """Most a remote rack's penalty is multiplied by for being farther than the nearest
     remote rack. Remote racks are not all alike: at each health refresh the median p50
@@ -60,8 +81,12 @@ class PolicyConfig:
     last; no load-based shuffling."""
     replica_cache_size: int = field(default=4096, validator=[integer, ge(0), le(10_000_000)])
     """Entries of the (keyspace, routing key) -> replicas LRU cache; 0 disables it."""
-    local_rack: str | None = field(default=None, validator=optional_string)
-    """The client's rack (zone); null: the child policy's ``local_rack`` if it has one."""
+    local_rack: str | None = field(default="auto", validator=optional_string)
+    """The client's rack (zone): a rack name; ``auto``: the child policy's ``local_rack`` if
+    it has one, else learned from the measured latency (``rack_learning``; until then, no
+    rack penalty); null: the child policy's ``local_rack`` if it has one, else none."""
+    rack_learning: RackLearningConfig = field(factory=RackLearningConfig)
+    """How ``local_rack: auto`` learns the client's rack."""
 
 
 @define(frozen=True, slots=True)
@@ -109,10 +134,13 @@ class HealthConfig:
     """When a host counts as SLOW, ERRORING or WARMING, and what that costs it."""
 
     percentile: float = field(default=99.0, validator=[number, gt(0.0), le(100.0)])
-    """Latency percentile compared between a host and its local (datacenter) peers: against
-    the peers' median of the same."""
-    outlier_factor: float = field(default=3.0, validator=[number, gt(1.0)])
-    """SLOW when the host's percentile exceeds this multiple of its peers' median."""
+    """Latency percentile compared between a host and its peers, against the peers' median
+    of the same. Peers are the hosts at a comparable distance from this client: the other
+    hosts of its rack when at least two of them have ``min_samples``, else of its
+    datacenter, each moved by the difference of the two racks' measured distances."""
+    outlier_factor: float = field(default=2.0, validator=[number, gt(1.0)])
+    """SLOW when the host's percentile exceeds this multiple of its peers' median (its
+    peers: the hosts at a comparable distance from this client, see ``percentile``)."""
     slow_floor: float = duration(0.002, ge(0.0))
     """...and exceeds this absolute latency."""
     error_rate: float = field(default=0.25, validator=[number, gt(0.0), le(1.0)])

@@ -55,6 +55,8 @@ DEMO_SCENARIOS = (
     "one-loaded-node",
     "fast-failing-node",
     "hot-partition",
+    "local-one-auto",
+    "far-racks",
 )
 """The scenarios ``adaptive-lb demo`` runs, from ``adaptive_lb/data/scenarios/<name>.yaml``."""
 

@@ -9,6 +9,7 @@ over time for the traffic-share plot, and replica reads served.
 
 from __future__ import annotations
 
+import bisect
 from array import array
 from typing import Any
 
@@ -19,6 +20,76 @@ from adaptive_lb.sim.workload import FAILED, SUCCEEDED, TIMED_OUT, Request
 __all__ = ["PolicyResult", "Recorder", "percentile"]
 
 TIMELINE_BUCKETS = 60
+RETURN_WINDOW_S = 0.5
+"""Width of the sliding window in which a paused node's traffic share is measured."""
+RETURN_SHARE = 0.5
+"""A paused node is back once its share of attempts in a window reaches this fraction of
+its fair share (1 / nodes of the clients' datacenter)."""
+RETURN_HORIZON_S = 10.0
+"""How long after a pause's end its node's return is looked for."""
+
+
+def pause_returns(
+    recorder: Recorder, nodes: list[Any], local: list[int]
+) -> dict[str, list[float | None]]:
+    """Per paused node (of the clients' datacenter), per pause that ended while requests
+    were measured: seconds from the pause's end to the end of the first
+    :data:`RETURN_WINDOW_S` window in which the node got at least :data:`RETURN_SHARE` of
+    its fair share of coordinator attempts (None: not within :data:`RETURN_HORIZON_S`, or
+    the run ended first)."""
+    times = recorder.attempt_times
+    if not local or not len(times):
+        return {}
+    fair = 1.0 / len(local)
+    first, last = times[0], times[-1]
+    width = round(RETURN_WINDOW_S * 1e9)
+    step = width // 5
+    result: dict[str, list[float | None]] = {}
+    for i in local:
+        pauses = [(a, b) for a, b in nodes[i].pauses if first <= b and b + width <= last]
+        if not pauses:
+            continue
+        mine = array("q", (t for t, n in zip(times, recorder.attempt_nodes, strict=True) if n == i))
+        found: list[float | None] = []
+        for _, end in pauses:
+            back: float | None = None
+            t = end + width
+            while t <= min(last, end + round(RETURN_HORIZON_S * 1e9)):
+                total = bisect.bisect_left(times, t) - bisect.bisect_left(times, t - width)
+                own = bisect.bisect_left(mine, t) - bisect.bisect_left(mine, t - width)
+                if total and own >= RETURN_SHARE * fair * total:
+                    back = round((t - end) / 1e9, 2)
+                    break
+                t += step
+            found.append(back)
+        result[nodes[i].name] = found
+    return result
+
+
+def settled(recorder: Recorder, after_s: float) -> dict[str, Any]:
+    """p50 and cross-zone share of the measured requests started ``after_s`` seconds or
+    more into the run."""
+    start = round(after_s * 1e9)
+    chosen = [i for i, t in enumerate(recorder.start_ns) if t >= start]
+    latencies = sorted(recorder.latency_ns[i] for i in chosen)
+    n = len(latencies)
+    crossed = sum(recorder.crossed_flags[i] for i in chosen)
+    return {
+        "after_s": after_s,
+        "requests": n,
+        "p50_ms": round(percentile(latencies, 50) / 1e6, 3),
+        "cross_zone": round(crossed / n, 4) if n else 0.0,
+    }
+
+
+def slow_verdicts(verdicts: list[tuple[int, int, str]], nodes: list[Any]) -> dict[str, int]:
+    """Verdicts SLOW given by the clients' policies over the run: ``false`` on a node with
+    no fault active then (distance, noise), ``faulted`` on a node whose fault was."""
+    counts = {"false": 0, "faulted": 0}
+    for t, index, state in verdicts:
+        if state == "slow":
+            counts["faulted" if nodes[index].fault_active(t) else "false"] += 1
+    return counts
 
 
 def percentile(sorted_values: list[int] | array, pct: float) -> float:
@@ -36,6 +107,8 @@ class Recorder:
     def __init__(self, node_count: int) -> None:
         self.latency_ns = array("q")
         self.status = array("b")
+        self.start_ns = array("q")
+        self.crossed_flags = array("b")
         self.crossed = 0
         self.touched = 0
         self.retried = 0
@@ -44,12 +117,21 @@ class Recorder:
         self.attempt_nodes = array("h")
         self.first_ns: int | None = None
         self.last_ns = 0
+        self.verdicts: list[tuple[int, int, str]] | None = None
+        """Health transitions of the clients' policies (adaptive-lb only): (time, node
+        index, new state)."""
 
     def attempt(self, now: int, node: Any) -> None:
         """A measured request sent an attempt to ``node``."""
         self.attempts_by_node[node.index] += 1
         self.attempt_times.append(now)
         self.attempt_nodes.append(node.index)
+
+    def verdict(self, now: int, node: Any, state: str) -> None:
+        """A client's policy changed its health verdict on ``node`` to ``state``."""
+        if self.verdicts is None:
+            self.verdicts = []
+        self.verdicts.append((now, node.index, state))
 
     def finish(self, request: Request, status: int, now: int) -> None:
         """A measured request ended."""
@@ -58,6 +140,8 @@ class Recorder:
         self.last_ns = max(self.last_ns, now)
         self.latency_ns.append(now - request.start_ns)
         self.status.append(status)
+        self.start_ns.append(request.start_ns)
+        self.crossed_flags.append(request.crossed)
         self.crossed += request.crossed
         self.touched += request.touched
         self.retried += request.attempts > 1
@@ -91,6 +175,8 @@ class PolicyResult:
         local_dc: str,
         has_faults: bool,
         wall_s: float,
+        settled_after: float | None = None,
+        local_racks: dict[str, Any] | None = None,
     ) -> PolicyResult:
         """Summarise ``recorder``."""
         latencies = sorted(recorder.latency_ns)
@@ -122,6 +208,15 @@ class PolicyResult:
             "throughput": round(n / (duration / 1e9), 1),
             "attempts_by_host": {nodes[i].name: recorder.attempts_by_node[i] for i in local},
         }
+        returns = pause_returns(recorder, nodes, local)
+        if returns:
+            summary["pause_return_s"] = returns
+        if recorder.verdicts is not None:
+            summary["slow_verdicts"] = slow_verdicts(recorder.verdicts, nodes)
+        if settled_after is not None:
+            summary["settled"] = settled(recorder, settled_after)
+        if local_racks is not None:
+            summary["local_racks"] = local_racks
         step = duration / TIMELINE_BUCKETS
         timeline = [[0] * len(nodes) for _ in range(TIMELINE_BUCKETS)]
         for t, node in zip(recorder.attempt_times, recorder.attempt_nodes, strict=True):

@@ -13,6 +13,9 @@ name                      policy objects (one set per simulated client)
                           simulator's clock; completions go to its ``HostStats``
                           lifecycle methods, health refreshed every
                           ``health.refresh_interval`` of virtual time
+``adaptive-unset``        the same, told nothing of the client's zone: the
+                          scenario's ``policy.local_rack`` as it is (default
+                          ``auto``: each client learns its rack from latency)
 ``latency-aware``         :class:`~adaptive_lb.sim.baselines.LatencyAwarePolicy`
                           (C++ / Rust drivers) around ``TokenAware(DCAware)``
 ``slow-replica``          :class:`~adaptive_lb.sim.baselines.SlowReplicaAvoidancePolicy`
@@ -41,6 +44,7 @@ LABELS = {
     "token-aware": "TokenAware(DCAware) shuffle",
     "round-robin": "DCAwareRoundRobin",
     "adaptive": "adaptive-lb",
+    "adaptive-unset": "adaptive-lb, rack unset",
     "latency-aware": "latency-aware (C++/Rust)",
     "slow-replica": "slow-replica (Java 4)",
 }
@@ -128,8 +132,9 @@ def build_policy(
         return PolicyKit(name, _token_aware(datacenter), NoFeedback())
     if name == "round-robin":
         return PolicyKit(name, DCAwareRoundRobinPolicy(datacenter), NoFeedback())
-    if name == "adaptive":
-        config = attrs.evolve(config, policy=attrs.evolve(config.policy, local_rack=zone))
+    if name in ("adaptive", "adaptive-unset"):
+        if name == "adaptive":
+            config = attrs.evolve(config, policy=attrs.evolve(config.policy, local_rack=zone))
         policy = AdaptiveLoadBalancingPolicy(
             _token_aware(datacenter), config, clock=clock, tracer_provider=tracer_provider
         )

@@ -1,4 +1,5 @@
-"""Tables, JSON, target checks and PNG plots of simulation results.
+"""Tables, JSON and PNG plots of simulation results (the target checks are
+:mod:`adaptive_lb.sim.targets`).
 
 Plots need matplotlib (optional: ``pip install "adaptive-lb[demo]"``); without it
 :func:`write_plots` returns a note and writes nothing.
@@ -16,6 +17,7 @@ from attrs import define
 from adaptive_lb.sim.faults import fault_windows
 from adaptive_lb.sim.metrics import PolicyResult
 from adaptive_lb.sim.scenario import Scenario
+from adaptive_lb.sim.targets import TargetCheck, check_targets
 
 __all__ = [
     "ScenarioReport",
@@ -41,16 +43,6 @@ class ScenarioReport:
             if result.policy == name:
                 return result
         return None
-
-
-@define(frozen=True)
-class TargetCheck:
-    """One target of issue 6 and whether this run met it."""
-
-    scenario: str
-    target: str
-    met: bool
-    detail: str
 
 
 def _pct(value: float | None) -> str:
@@ -95,54 +87,6 @@ def format_markdown(report: ScenarioReport) -> str:
             f"{s['max_mean_host']:.2f} | {failed * 100:.2f}% |"
         )
     return "\n".join(lines)
-
-
-def check_targets(report: ScenarioReport) -> list[TargetCheck]:
-    """Issue 6's targets that apply to this scenario (by its name)."""
-    name = report.scenario.name
-    adaptive = report.by_policy("adaptive")
-    if adaptive is None:
-        return []
-    a = adaptive.summary
-    checks: list[TargetCheck] = []
-
-    def add(target: str, met: bool, detail: str) -> None:
-        checks.append(TargetCheck(name, target, met, detail))
-
-    for baseline in ("latency-aware", "slow-replica"):
-        other = report.by_policy(baseline)
-        if other is not None:
-            o = other.summary
-            add(
-                f"p99 <= {other.label}",
-                a["p99_ms"] <= o["p99_ms"],
-                f"{a['p99_ms']:.3f} vs {o['p99_ms']:.3f} ms",
-            )
-    stock = report.by_policy("token-aware")
-    if stock is None:
-        return checks
-    s = stock.summary
-    gain = 1.0 - a["p50_ms"] / s["p50_ms"] if s["p50_ms"] else 0.0
-    if name == "local-one":
-        add("p50 >= 40 % lower than stock", gain >= 0.40, f"{gain:.1%} lower")
-    elif name == "slow-coordinator":
-        add("<= 1 % touch the slowed node", a["faulted"] <= 0.01, _pct(a["faulted"]))
-    elif name == "gc-pause":
-        add("<= 0.1 % affected by the pause", a["faulted"] <= 0.001, _pct(a["faulted"]))
-    elif name == "local-quorum":
-        add("p50 lower than stock", a["p50_ms"] < s["p50_ms"], f"{gain:.1%} lower")
-        add("p95 no worse than stock", a["p95_ms"] <= s["p95_ms"], f"{a['p95_ms']:.3f} ms")
-        add("max/mean host load <= 1.3", a["max_mean_host"] <= 1.3, f"{a['max_mean_host']:.2f}")
-    if name in ("overload", "one-loaded-node", "fast-failing-node", "hot-partition"):
-        worse = [p for p in ("p50_ms", "p95_ms", "p99_ms") if a[p] > s[p]]
-        add("no worse than stock at p50/p95/p99", not worse, ", ".join(worse) or "ok")
-        if name != "overload":
-            add(
-                "strictly better than stock at p99",
-                a["p99_ms"] < s["p99_ms"],
-                f"{a['p99_ms']:.3f} vs {s['p99_ms']:.3f} ms",
-            )
-    return checks
 
 
 def to_json(reports: Sequence[ScenarioReport]) -> str:
@@ -207,7 +151,7 @@ def write_plots(report: ScenarioReport, out: Path) -> list[Path] | str:
     fig.savefig(paths[0], dpi=110)
     plt.close(fig)
 
-    shown = [r for r in report.results if r.policy in ("token-aware", "adaptive")]
+    shown = [r for r in report.results if r.policy in ("token-aware", "adaptive", "adaptive-unset")]
     shown = shown or report.results[:2]
     faulted = {fault.node for fault in report.scenario.faults}
     fig, axes = plt.subplots(len(shown), 1, figsize=(7, 2.6 * len(shown)), sharex=True)

@@ -177,6 +177,7 @@ def _run_policy(
     datacenter = scenario.client_datacenter
     kits = []
     clients = []
+    local_racks: dict[str, dict[str, Any]] = {}
     policy_rng = _rng(seed, f"policy-rng:{policy}")
     for zone in scenario.client_zones:
         for i in range(scenario.workload.clients_per_zone):
@@ -205,7 +206,13 @@ def _run_policy(
             )
             if kit.tick is not None and kit.tick_interval:
                 interval = round(kit.tick_interval * NS_PER_S)
-                engine.every(interval, kit.tick, start_ns=interval)
+                tick = kit.tick
+                if policy in ("adaptive", "adaptive-unset"):
+                    tick = _recording_verdicts(kit.tick, recorder, sim)
+                if policy == "adaptive-unset":
+                    rack = local_racks[f"{zone}-{i}"] = {"zone": zone}
+                    tick = _recording_local_rack(tick, kit.policy, rack, sim)
+                engine.every(interval, tick, start_ns=interval)
 
     def notify_down(host: Any) -> None:
         for kit in kits:
@@ -246,7 +253,41 @@ def _run_policy(
         datacenter,
         bool(scenario.faults),
         time.perf_counter() - started,
+        settled_after=scenario.settled_after,
+        local_racks=local_racks or None,
     )
+
+
+def _recording_verdicts(
+    tick: Callable[[], Any], recorder: Recorder, sim: SimulatedCluster
+) -> Callable[[], None]:
+    """``tick`` (an adaptive policy's health refresh), its transitions recorded."""
+
+    def refresh() -> None:
+        for transition in tick() or ():
+            node = sim.servers.node_of(transition.key)
+            recorder.verdict(sim.engine.now, node, transition.new.state.value)
+
+    return refresh
+
+
+def _recording_local_rack(
+    tick: Callable[[], Any], policy: Any, record: dict[str, Any], sim: SimulatedCluster
+) -> Callable[[], None]:
+    """``tick``, then note the client's local rack in ``record``: the rack in force and its
+    source, when it was first learned, how many times it changed."""
+    record.update(rack=None, source=policy.local_rack_source, learned_at_s=None, changes=0)
+
+    def refresh() -> None:
+        tick()
+        rack = policy.local_rack
+        if rack != record["rack"]:
+            record["changes"] += 1
+            if record["learned_at_s"] is None and policy.local_rack_source == "learned":
+                record["learned_at_s"] = round(sim.engine.now / 1e9, 2)
+        record["rack"], record["source"] = rack, policy.local_rack_source
+
+    return refresh
 
 
 def _job(args: tuple[Scenario, str, int | None, int | None, TraceSpec | None]) -> PolicyResult:

@@ -40,6 +40,7 @@ from adaptive_lb.sim import scenario_checks
 __all__ = [
     "CONSISTENCY_LEVELS",
     "DEFAULT_LATENCY_US",
+    "DEFAULT_POLICIES",
     "FAULT_KINDS",
     "POLICY_NAMES",
     "FaultSpec",
@@ -63,7 +64,9 @@ DEFAULT_LATENCY_US: dict[str, dict[str, float]] = {
 
 CONSISTENCY_LEVELS = ("ONE", "LOCAL_ONE", "LOCAL_QUORUM")
 FAULT_KINDS = ("slow", "pause", "down", "errors", "timeouts", "busy")
-POLICY_NAMES = ("token-aware", "round-robin", "adaptive", "latency-aware", "slow-replica")
+DEFAULT_POLICIES = ("token-aware", "round-robin", "adaptive", "latency-aware", "slow-replica")
+"""Policies a scenario compares unless it lists its own."""
+POLICY_NAMES = (*DEFAULT_POLICIES, "adaptive-unset")
 """Policies the simulator knows (see :mod:`adaptive_lb.sim.policies`)."""
 
 
@@ -221,16 +224,24 @@ class Scenario:
     """Virtual seconds at the start whose requests are not measured."""
     max_duration: float = field(default=600.0, validator=[check.number, check.gt(0.0)])
     """No request is issued after this many virtual seconds."""
+    settled_after: float | None = field(
+        default=None, validator=check.optional(check.number, check.ge(0.0))
+    )
+    """When set, the results also give the p50 and cross-zone share of the requests started
+    from this many virtual seconds on (``settled``): e.g. once a rack is learned."""
     topology: TopologySpec = field(factory=TopologySpec)
     network: NetworkSpec = field(factory=NetworkSpec)
     nodes: NodesSpec = field(factory=NodesSpec)
     workload: WorkloadSpec = field(factory=WorkloadSpec)
     faults: list[FaultSpec] = field(factory=list, metadata={"list_of": FaultSpec})
     policies: list[str] = field(
-        factory=lambda: list(POLICY_NAMES), validator=scenario_checks.names(POLICY_NAMES)
+        factory=lambda: list(DEFAULT_POLICIES), validator=scenario_checks.names(POLICY_NAMES)
     )
     adaptive_lb: Config = field(factory=Config)
     """adaptive-lb's own config for this scenario (same keys as the main YAML file)."""
+    reference: dict[str, float] | None = field(default=None, validator=scenario_checks.reference)
+    """adaptive-lb's figures measured before (``{seed, requests, p50_ms, p95_ms, p99_ms}``):
+    a run with that seed and request count checks it is no worse by more than 2 %."""
 
     @property
     def client_datacenter(self) -> str:

@@ -19,7 +19,19 @@ from adaptive_lb.config.errors import show, type_name
 if TYPE_CHECKING:
     from adaptive_lb.sim.scenario import Scenario
 
-__all__ = ["cross_checks", "datacenters", "latency_matrix", "names", "replication"]
+__all__ = [
+    "REFERENCE_KEYS",
+    "cross_checks",
+    "datacenters",
+    "latency_matrix",
+    "names",
+    "reference",
+    "replication",
+]
+
+REFERENCE_KEYS = ("seed", "requests", "p50_ms", "p95_ms", "p99_ms")
+"""The keys of a scenario's ``reference``: the run it was measured in, and adaptive-lb's
+figures then."""
 
 
 def _got(value: Any) -> str:
@@ -72,6 +84,30 @@ def latency_matrix(instance: Any, attribute: Attribute, value: Any) -> None:
         for dst, us in row.items():
             if isinstance(us, bool) or not isinstance(us, (int, float)) or not us >= 0:
                 raise ValueError(f"{name}.{src}.{dst}: must be a number >= 0, got {show(us)}")
+
+
+def reference(instance: Any, attribute: Attribute, value: Any) -> None:
+    """None, or ``{seed, requests, p50_ms, p95_ms, p99_ms}``: integers, then numbers > 0."""
+    name = attribute.name
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name}: must map {', '.join(REFERENCE_KEYS)}, got {_got(value)}")
+    for key in value:
+        if key not in REFERENCE_KEYS:
+            raise ValueError(f"{name}.{key}: unknown key (valid: {', '.join(REFERENCE_KEYS)})")
+    for key in REFERENCE_KEYS:
+        if key not in value:
+            raise ValueError(f"{name}.{key}: required")
+        number = value[key]
+        integral = key in ("seed", "requests")
+        if (
+            isinstance(number, bool)
+            or not isinstance(number, int if integral else (int, float))
+            or (not integral and not number > 0)
+        ):
+            kind = "an integer" if integral else "a number > 0"
+            raise ValueError(f"{name}.{key}: must be {kind}, got {show(number)}")
 
 
 def names(choices: tuple[str, ...] | None = None) -> Any:

@@ -556,3 +556,43 @@ def test_node_down_and_back_returns_through_warming(
         policy
     )
     print(f"node down and back test: {time.monotonic() - began:.1f} s")
+
+
+def test_an_unset_local_rack_is_learned_or_left_unknown_never_flipped(connect: Connect) -> None:
+    """``policy.local_rack`` unset (``auto``, the default) around a DCAwareRoundRobinPolicy,
+    under steady load for 12 s: the policy learns the rack whose hosts answer fastest at the
+    median by the margin -- or, where the racks are equally near, none -- and never flips.
+    Prints what it saw: each rack's median p50 at every second, the rack learned and when."""
+    policy, _cluster, session, stmt = connect()
+    views = list(policy.topology.by_id.values())
+    assert policy.local_rack_source == "unknown" and policy.local_rack is None
+    load = BackgroundLoad(session, lambda i: (stmt, [i % ROWS]), 4).start()
+    began = time.monotonic()
+    seen: list[tuple[float, str | None, str, dict[str, float]]] = []
+    try:
+        while time.monotonic() < began + 12.0:
+            time.sleep(1.0)
+            medians: dict[str, list[float]] = {}
+            for view in views:
+                window = policy.health.window_stats(view.host)
+                if window is not None and window.latency.get(50.0) is not None:
+                    medians.setdefault(view.rack, []).append(window.latency[50.0])
+            by_rack = {rack: round(min(v) * 1000, 3) for rack, v in sorted(medians.items())}
+            seen.append(
+                (time.monotonic() - began, policy.local_rack, policy.local_rack_source, by_rack)
+            )
+    finally:
+        requests = load.stop()
+    racks = [rack for _, rack, _, _ in seen]
+    learned = [(round(t, 1), rack) for t, rack, source, _ in seen if source == "learned"]
+    print(
+        f"\nlocal_rack unset: {len(requests)} requests; per second (s, rack, source, p50 ms "
+        f"by rack): {[(round(t, 1), r, s, m) for t, r, s, m in seen]}\n"
+        f"  learned: {learned[0] if learned else 'none'}; final {policy.local_rack!r} "
+        f"({policy.local_rack_source}), learned_rack {policy.learned_rack!r}"
+    )
+    assert policy.local_rack_source in ("learned", "unknown")
+    # Once learned, the same rack to the end (relearn_after is 30 s: longer than the test).
+    first = next((i for i, rack in enumerate(racks) if rack is not None), len(racks))
+    assert len(set(racks[first:])) <= 1, seen
+    assert not sum(errors(requests).values())
