@@ -153,6 +153,13 @@ class PolicySnapshot:
     False every host looks idle and unmeasured."""
     untracked_plans: int = field(metadata=_LIFETIME)
     """Plans made while no request tracking was attached."""
+    local_rack: str | None = field(metadata=_REFRESH)
+    """The client's rack in force (hosts elsewhere get the rack penalty); None: none known
+    yet, no rack penalty."""
+    local_rack_source: str = field(metadata=_REFRESH)
+    """Where ``local_rack`` comes from: ``configured`` (``policy.local_rack``), ``child``
+    (the child policy's), ``learned`` (``local_rack: auto``, from measured latency) or
+    ``unknown``."""
     untracked_attempts: int = field(metadata=_LIFETIME)
     """Attempts sent to a host the policy does not know (removed, or never seen): not
     counted in any host."""
@@ -245,6 +252,8 @@ class PolicySnapshot:
             health_refreshes=health.refreshes,
             request_tracking=policy.request_tracking,
             untracked_plans=policy.untracked_plans,
+            local_rack=policy.local_rack,
+            local_rack_source=policy.local_rack_source,
             untracked_attempts=policy.untracked_attempts,
             unknown_host_events=policy.unknown_host_events,
             decisions_by_position=dict(policy.decisions_by_position),

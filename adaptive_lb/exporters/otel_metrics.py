@@ -26,6 +26,8 @@ instrument                                 kind                       Prometheus
 ``adaptive_lb.internal_errors``            counter, ``stage``         ``..._internal_errors_total``
 ``adaptive_lb.config.reloads``             counter, ``result``        ``..._config_reloads_total``
 ``adaptive_lb.config.info``                gauge = 1, ``hash``        ``adaptive_lb_config_info``
+``adaptive_lb.local_rack.info``            gauge = 1, ``rack``,       ``..._local_rack_info``
+                                           ``source``
 ``adaptive_lb.trace.spans.exported``       counter (process-wide)     ``..._spans_exported_total``
 ``adaptive_lb.trace.spans.dropped``        counter, ``reason``        ``..._spans_dropped_total``
 =========================================  =========================  ==========================
@@ -124,6 +126,15 @@ def register_otel_metrics(
         for name, _, snapshot in snapshots():
             yield Observation(1, {"policy": name, "hash": snapshot.config_hash})
 
+    def local_rack(options: CallbackOptions) -> Iterable[Observation]:
+        for name, _, snapshot in snapshots():
+            attributes = {
+                "policy": name,
+                "rack": snapshot.local_rack or "",
+                "source": snapshot.local_rack_source,
+            }
+            yield Observation(1, attributes)
+
     def spans_exported(options: CallbackOptions) -> Iterable[Observation]:
         totals = span_export_totals()
         if totals is not None:
@@ -180,6 +191,7 @@ def register_otel_metrics(
         counter("adaptive_lb.internal_errors", [by_key("internal_errors_by_stage", "stage")]),
         counter("adaptive_lb.config.reloads", [by_key("config_reloads", "result")]),
         gauge("adaptive_lb.config.info", [config_info]),
+        gauge("adaptive_lb.local_rack.info", [local_rack]),
         counter("adaptive_lb.trace.spans.exported", [spans_exported], unit="{span}"),
         counter("adaptive_lb.trace.spans.dropped", [spans_dropped], unit="{span}"),
     ]

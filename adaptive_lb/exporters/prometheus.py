@@ -26,7 +26,9 @@ Families (``_total`` is added by the exposition format to counters):
   ``adaptive_lb_config_reloads_total{result=...}``,
   ``adaptive_lb_config_info{hash=...}``, ``adaptive_lb_request_tracking_attached`` (gauge:
   1 when request tracking is attached, 0 when every host looks idle for want of it),
-  ``adaptive_lb_untracked_plans_total`` (plans made meanwhile);
+  ``adaptive_lb_untracked_plans_total`` (plans made meanwhile),
+  ``adaptive_lb_local_rack_info{rack=...,source=...}`` (the client's rack and whether it is
+  configured, the child's, learned or unknown);
 - process-wide, once :func:`~adaptive_lb.exporters.setup_tracing` made a span processor
   (read from :mod:`~adaptive_lb.exporters.span_counts`: no OpenTelemetry SDK needed):
   ``adaptive_lb_trace_spans_exported_total`` and
@@ -222,6 +224,12 @@ class AdaptiveLbCollector(Collector):
             "adaptive_lb_config_reloads", "Config reloads by result.", labels=["policy", "result"]
         )
         info = InfoMetricFamily("adaptive_lb_config", "The config in force.", labels=["policy"])
+        rack = InfoMetricFamily(
+            "adaptive_lb_local_rack",
+            "The client's rack in force and where it comes from (configured, child, "
+            "learned, unknown).",
+            labels=["policy"],
+        )
         for name, policy in zip(self.names, self.policies, strict=True):
             # Read before the snapshot: a policy whose snapshot fails still shows that.
             for stage, count in getattr(policy, "internal_errors_by_stage", {}).items():
@@ -252,10 +260,17 @@ class AdaptiveLbCollector(Collector):
             for result, count in getattr(policy, "config_reloads", {}).items():
                 reloads.add_metric([name, result], count)
             info.add_metric([name], {"hash": snapshot.config_hash})
+            rack.add_metric(
+                [name],
+                {
+                    "rack": getattr(snapshot, "local_rack", None) or "",
+                    "source": getattr(snapshot, "local_rack_source", "unknown"),
+                },
+            )
         yield from (family for family, _ in host_families)
         yield from (latency, health, decisions)
         yield from (family for family, _ in policy_families)
-        yield from (errors, reloads, info)
+        yield from (errors, reloads, info, rack)
         yield from _span_families()
 
 

@@ -9,7 +9,7 @@ from cassandra.query import SimpleStatement
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from adaptive_lb import AdaptiveLoadBalancingPolicy
+from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.exporters import start_prometheus_server
 from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
@@ -417,3 +417,23 @@ def test_start_exporters_starts_what_the_config_enables():
     finally:
         exporters.close()
     assert exporters.prometheus_server is None
+
+
+def test_local_rack_info_says_where_the_rack_comes_from():
+    from adaptive_lb.config import PolicyConfig
+    from adaptive_lb.exporters import AdaptiveLbCollector
+
+    model = build_cluster({"dc1": [1, 1]}, real_cluster=False, seed=1)
+    registry = CollectorRegistry()
+    configured = AdaptiveLoadBalancingPolicy(
+        DCAwareRoundRobinPolicy("dc1"), Config(policy=PolicyConfig(local_rack="r2"))
+    )
+    unknown = AdaptiveLoadBalancingPolicy(DCAwareRoundRobinPolicy("dc1"))
+    for policy in (configured, unknown):
+        policy.populate(model.cluster, model.metadata.all_hosts())
+    registry.register(AdaptiveLbCollector([configured, unknown], names=["a", "b"]))
+    info = {"policy": "a", "rack": "r2", "source": "configured"}
+    assert registry.get_sample_value("adaptive_lb_local_rack_info", info) == 1
+    info = {"policy": "b", "rack": "", "source": "unknown"}
+    assert registry.get_sample_value("adaptive_lb_local_rack_info", info) == 1
+    assert unknown.snapshot().local_rack_source == "unknown"
