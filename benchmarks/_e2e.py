@@ -105,9 +105,11 @@ def otel_provider() -> tuple[Any, Any]:
 VARIANTS = {
     "stock": "TokenAwarePolicy(DCAwareRoundRobinPolicy('dc1')), the reference",
     "adaptive": "the same wrapped by AdaptiveLoadBalancingPolicy, adaptive_lb.instrument(session)",
-    "adaptive-attach": "the same with adaptive_lb.attach(session): request spans on, none recording",
+    "adaptive-attach": "the same with adaptive_lb.attach(session): request spans on, none "
+    "recording",
     "adaptive-otel": "adaptive + a recording OTel parent span per request (decision recorded)",
-    "adaptive-spans": "adaptive-attach + that parent span: a request span per request, decision on it",
+    "adaptive-spans": "adaptive-attach + that parent span: a request span per request, decision "
+    "on it",
     "stock-otel": "stock + the same parent span per request (what the span alone costs)",
 }
 
