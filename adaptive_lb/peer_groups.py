@@ -13,7 +13,9 @@ rack's, however healthy. So (:func:`peer_medians`):
    is the lower quartile of its healthy hosts' p50, smoothed over a window and remembered:
    a rack of one host (or a rack this client rarely uses) is still judged, and a host that
    suddenly slows down is not excused by a distance measured on itself. Network distance
-   adds to every answer, so the correction is a difference, not a ratio.
+   adds to every answer, so the correction is a difference, not a ratio. A rack counts
+   at most ``health.max_rack_distance`` farther than its datacenter's nearest rack: a rack
+   of one host slow from its start looks exactly like a far rack, and must still be judged.
 3. Else (no distance known yet, or no rack given) its datacenter as it is.
 
 The median of the peers is computed once per group and per refresh in O(n log n).
@@ -67,6 +69,21 @@ def _others(ordered: Sequence[float], own: float | None) -> float | None:
     return peer_median(ordered) if own is None else _median_without(ordered, own)
 
 
+def _capped(
+    distances: Mapping[tuple[Hashable, Hashable], float], cap: float
+) -> Mapping[tuple[Hashable, Hashable], float]:
+    """``distances`` with each rack at most ``cap`` farther than its group's nearest rack
+    (``health.max_rack_distance``)."""
+    nearest: dict[Hashable, float] = {}
+    for (group, _rack), distance in distances.items():
+        if distance < nearest.get(group, distance + 1.0):
+            nearest[group] = distance
+    return {
+        (group, rack): min(distance, nearest[group] + cap)
+        for (group, rack), distance in distances.items()
+    }
+
+
 def peer_medians(
     windows: Mapping[_K, WindowStats],
     groups: Mapping[_K, Hashable],
@@ -88,7 +105,7 @@ def peer_medians(
     by_rack: dict[tuple[Hashable, Hashable], list[float]] = {}
     excess: dict[Hashable, list[float]] = {}
     """Per group: latency - the host's rack distance, of the hosts whose rack has one."""
-    known = distances or {}
+    known = _capped(distances or {}, config.max_rack_distance)
     for key, window in windows.items():
         latency = window.latency.get(percentile)
         if latency is None or window.samples < config.min_samples:

@@ -160,6 +160,12 @@ class HealthConfig:
     """ERRORING when requests are in flight on the host and it has answered none of them
     (a timeout is not an answer) for this long: a stalled node (long GC pause, hung
     process). 0 disables."""
+    max_rack_distance: float = duration(0.005, ge(0.0), le(1.0))
+    """Most a rack's measured distance may excuse when a host is judged against the hosts
+    of other racks: a rack measured farther than the nearest rack of its datacenter by
+    more than this counts as this far. A rack of one host that is slow from its start
+    cannot be told apart from a far rack by latency alone; zones of one region are
+    0.5-2 ms apart, so a gap beyond this is slowness, and the host is still judged."""
     penalties: HealthPenalties = field(factory=HealthPenalties)
     """Score multiplier per health state."""
 

@@ -78,7 +78,9 @@ def test_a_genuinely_slow_host_of_a_far_rack_is_still_flagged():
 def test_a_small_far_rack_is_judged_against_its_datacenter_moved_to_its_distance(far_hosts):
     """Too few hosts for its rack alone: compared with the datacenter, each peer moved to the
     rack's distance -- not SLOW for being far, SLOW for being slow."""
-    c = Cluster({"A": (4, 0.0), "B": (4, 0.2), "C": (far_hosts, 6.0)})
+    # C is 6 ms farther: beyond the default max_rack_distance (5 ms), so allow 10 ms here.
+    layout = {"A": (4, 0.0), "B": (4, 0.2), "C": (far_hosts, 6.0)}
+    c = Cluster(layout, HealthConfig(max_rack_distance=0.01))
     for _ in range(12):
         c.second()
         assert c.slow() == []
@@ -180,3 +182,17 @@ def test_rack_distances_start_at_the_first_measurement_then_follow_over_a_window
     assert ("dc1", "B") not in distances.distances
     distances.forget({("dc1", "B")})
     assert distances.distances == {}
+
+
+def test_a_single_host_rack_slow_from_its_start_is_still_judged():
+    """Racks of one host each, one of them 20 ms slow from the first second: its rack's
+    distance, measured on itself, counts at most ``health.max_rack_distance`` beyond the
+    nearest rack's, so the host is still SLOW; with no cap it would be excused as far."""
+    for cap, expected in ((HealthConfig().max_rack_distance, ["C0"]), (1.0, [])):
+        cluster = Cluster(
+            {"A": (1, 0.0), "B": (1, 0.0), "C": (1, 0.0)}, HealthConfig(max_rack_distance=cap)
+        )
+        cluster.extra_ms["C0"] = 20.0
+        for _ in range(5):
+            cluster.second()
+        assert cluster.slow() == expected, cap
