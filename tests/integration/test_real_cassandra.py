@@ -40,6 +40,12 @@ REQUEST_TIMEOUT = 2.0
 FAST = Config(
     tracking=TrackingConfig(window=2.0, intervals=4),
     health=HealthConfig(
+        # Three Cassandra JVMs and the client share 2 cores here: healthy nodes' p99 swings
+        # 10-260 ms, and at the default outlier_factor (2.0) they flapped SLOW/WARMING
+        # beside the stalls and restarts these tests are about (two CI runs ended with the
+        # returned node SLOW). Latency outliers are judged more loosely here; the
+        # simulator's scenarios test the default.
+        outlier_factor=3.0,
         refresh_interval=0.1,
         min_samples=20,
         slow_start=2.0,
