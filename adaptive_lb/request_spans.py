@@ -31,15 +31,15 @@ serialized value) only when :class:`~adaptive_lb.config.PrivacyConfig` allows th
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
-from cassandra import ConsistencyLevel
+from cassandra import ConsistencyLevel, OperationTimedOut
 from cassandra.protocol import ErrorMessage
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from adaptive_lb.config import Config, PrivacyConfig
+from adaptive_lb.counting import counter_value, new_counter
 from adaptive_lb.tracing import current_recording_span
 from adaptive_lb.tracking import SUCCESS, _Attempts, outcome_of
 
@@ -134,8 +134,8 @@ class _Request:
         self.span = span
         self.start_ns = start_ns
         self.duration_attributes = duration_attributes
-        self.sends = itertools.count()
-        self.speculative = itertools.count()
+        self.sends = new_counter()
+        self.speculative = new_counter()
         self.kinds: dict[int, tuple[int, str, Any]] = {}
         """``id(host) -> (attempt number, kind, host)``."""
         self.answered_by: Any | None = None
@@ -212,7 +212,9 @@ class _ObservedAttempts(_Attempts):
         if request is not None:
             try:
                 now = self.policy.now_ns()
-                lost = "client_timeout" if _is_timeout(exception) else "superseded"
+                lost = (
+                    "client_timeout" if isinstance(exception, OperationTimedOut) else "superseded"
+                )
                 for key, (_stats, sent_ns) in list(self.items()):
                     sent = request.kinds.get(key)
                     if sent is not None:
@@ -243,23 +245,16 @@ class _ObservedAttempts(_Attempts):
             return
         number, kind, _host = request.kinds.get(id(host), (0, "unknown", host))
         attributes: dict[str, Any] = {
-            "server.address": str(host.address),
+            **_server_attributes(host),
             "adaptive_lb.attempt.number": number,
             "adaptive_lb.attempt.kind": kind,
             "adaptive_lb.attempt.outcome": outcome,
         }
-        port = getattr(host.endpoint, "port", None)
-        if port is not None:
-            attributes["server.port"] = port
         if latency is not None:
             attributes["adaptive_lb.attempt.duration"] = round(latency, 6)
         if status_code is not None:
             attributes["db.response.status_code"] = status_code
         span.add_event(ATTEMPT_EVENT, attributes)
-
-
-def _is_timeout(exception: BaseException | None) -> bool:
-    return exception is not None and type(exception).__name__ == "OperationTimedOut"
 
 
 class RequestTelemetry:
@@ -393,47 +388,40 @@ class RequestTelemetry:
         """End ``request``'s span and record its duration (called once, at its end)."""
         duration = (policy.now_ns() - request.start_ns) / 1e9
         coordinator = request.answered_by
-        error_type = None
+        server = _server_attributes(coordinator) if coordinator is not None else {}
+        failure: dict[str, Any] = {}
         if exception is not None:
-            error_type = request.last_status_code or _qualified_name(exception)
+            failure["error.type"] = request.last_status_code or _qualified_name(exception)
+            if request.last_status_code is not None:
+                failure["db.response.status_code"] = request.last_status_code
         span = request.span
         if span is not None:
             attributes: dict[str, Any] = {
-                "cassandra.speculative_execution.count": _count(request.speculative),
+                "cassandra.speculative_execution.count": counter_value(request.speculative),
+                **server,
+                **failure,
             }
             if coordinator is not None:
-                attributes["server.address"] = str(coordinator.address)
-                port = getattr(coordinator.endpoint, "port", None)
-                if port is not None:
-                    attributes["server.port"] = port
                 host_id = getattr(coordinator, "host_id", None)
                 if host_id is not None:
                     attributes["cassandra.coordinator.id"] = str(host_id)
                 if coordinator.datacenter is not None:
                     attributes["cassandra.coordinator.dc"] = coordinator.datacenter
-            if request.last_status_code is not None and exception is not None:
-                attributes["db.response.status_code"] = request.last_status_code
-            if error_type is not None:
-                attributes["error.type"] = error_type
+            if failure:
                 span.set_status(Status(StatusCode.ERROR, _qualified_name(exception)))
             span.set_attributes(attributes)
             span.end()
         if self.durations:
-            attributes = request.duration_attributes
-            if coordinator is not None:
-                attributes["server.address"] = str(coordinator.address)
-                port = getattr(coordinator.endpoint, "port", None)
-                if port is not None:
-                    attributes["server.port"] = port
-            if error_type is not None:
-                attributes["error.type"] = error_type
-                if request.last_status_code is not None:
-                    attributes["db.response.status_code"] = request.last_status_code
-            self._histogram.record(duration, attributes)
+            self._histogram.record(duration, {**request.duration_attributes, **server, **failure})
 
 
-def _count(counter: itertools.count[int]) -> int:
-    return int(repr(counter)[6:-1])
+def _server_attributes(host: Any) -> dict[str, Any]:
+    """``server.address`` and ``server.port`` of ``host``."""
+    attributes: dict[str, Any] = {"server.address": str(host.address)}
+    port = getattr(host.endpoint, "port", None)
+    if port is not None:
+        attributes["server.port"] = port
+    return attributes
 
 
 def _qualified_name(exception: BaseException | None) -> str:
