@@ -32,7 +32,7 @@ from adaptive_lb.exporters.otlp import INSTALL_HINT
 from adaptive_lb.exporters.setup import Exporters, start_exporters
 from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
 from adaptive_lb.request_spans import RequestTelemetry
-from adaptive_lb.tracking import RequestTracker, instrument, session_policies
+from adaptive_lb.tracking import RequestTracker, close_on_shutdown, session_policies
 
 __all__ = ["Attachment", "attach"]
 
@@ -84,11 +84,19 @@ class Attachment:
             policy.reload(config)
         if self.telemetry is not None:
             self.telemetry.configure(config)
-            for policy in self.policies:
-                policy.decisions.send_to_requests(
-                    self.telemetry.spans, without_parent=self.telemetry.root_spans
-                )
+            self._route_decisions()
         self.config = config
+
+    def _route_decisions(self, attached: bool = True) -> None:
+        # Decisions go to the request spans while those are made, else to the current span.
+        telemetry = self.telemetry
+        for policy in self.policies:
+            if telemetry is None or not attached:
+                policy.decisions.send_to_requests(False)
+            else:
+                policy.decisions.send_to_requests(
+                    telemetry.spans, without_parent=telemetry.root_spans
+                )
 
     def close(self) -> None:
         """Stop the watcher, tracking, health refresh and exporters (flushing spans).
@@ -103,8 +111,7 @@ class Attachment:
             self.watcher.stop()
         if self.tracker is not None:
             self.tracker.close()
-        for policy in self.policies:
-            policy.decisions.send_to_requests(False)
+        self._route_decisions(attached=False)
         self.exporters.close()
 
 
@@ -220,9 +227,8 @@ def attach(
             root_spans=root_spans,
         )
         attachment.telemetry = telemetry
-        for policy in policies:
-            policy.decisions.send_to_requests(telemetry.spans, without_parent=telemetry.root_spans)
-        tracker = instrument(session)
+        attachment._route_decisions()
+        tracker = RequestTracker(session)  # closed by attachment.close()
         tracker.telemetry = telemetry
         attachment.tracker = tracker
         if config.reload.enabled and path is not None:
@@ -237,13 +243,5 @@ def attach(
         raise
     with _lock:
         setattr(session, _ATTRIBUTE, attachment)
-    shutdown = session.shutdown
-
-    def shutdown_and_detach(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return shutdown(*args, **kwargs)
-        finally:
-            attachment.close()
-
-    session.shutdown = shutdown_and_detach
+    close_on_shutdown(session, attachment.close)
     return attachment

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from cassandra import OperationTimedOut
@@ -46,6 +47,7 @@ __all__ = [
     "SERVER_TIMEOUT",
     "SUCCESS",
     "RequestTracker",
+    "close_on_shutdown",
     "instrument",
     "outcome_of",
     "session_policies",
@@ -256,19 +258,24 @@ def session_policies(session: Any) -> list[AdaptiveLoadBalancingPolicy]:
     return found
 
 
+def close_on_shutdown(session: Any, close: Callable[[], Any]) -> None:
+    """Make ``session.shutdown()`` call ``close()`` once it has shut the session down."""
+    shutdown = session.shutdown
+
+    def shutdown_and_close(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return shutdown(*args, **kwargs)
+        finally:
+            close()
+
+    session.shutdown = shutdown_and_close
+
+
 def instrument(session: Any) -> RequestTracker:
     """Track every request of ``session`` made through an AdaptiveLoadBalancingPolicy
     (in any execution profile) and refresh their health. Returns the tracker;
     ``session.shutdown()`` closes it. :func:`adaptive_lb.attach` does this and starts
     everything else the config enables."""
     tracker = RequestTracker(session)
-    shutdown = session.shutdown
-
-    def shutdown_and_release(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return shutdown(*args, **kwargs)
-        finally:
-            tracker.close()
-
-    session.shutdown = shutdown_and_release
+    close_on_shutdown(session, tracker.close)
     return tracker
