@@ -30,14 +30,7 @@ class OtlpHttpReceiver:
     def spans(self) -> list[Any]:
         """Every span received, in arrival order."""
         with self._lock:
-            requests = list(self.requests)
-        return [
-            span
-            for request in requests
-            for resource_spans in request.resource_spans
-            for scope_spans in resource_spans.scope_spans
-            for span in scope_spans.spans
-        ]
+            return otlp_spans(self.requests)
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         receiver = self
@@ -57,6 +50,17 @@ class OtlpHttpReceiver:
                 pass
 
         return Handler
+
+
+def otlp_spans(requests: list[ExportTraceServiceRequest]) -> list[Any]:
+    """Every span of the decoded export requests (HTTP or gRPC), in order."""
+    return [
+        span
+        for request in requests
+        for resource_spans in request.resource_spans
+        for scope_spans in resource_spans.scope_spans
+        for span in scope_spans.spans
+    ]
 
 
 @contextmanager

@@ -22,35 +22,7 @@ from adaptive_lb.exporters import setup_tracing, span_export_totals
 from adaptive_lb.exporters.backoff import BackoffSpanExporter
 from adaptive_lb.exporters.span_counts import ExportCounts
 from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
-
-
-class Receiver(BaseHTTPRequestHandler):
-    """An OTLP/HTTP receiver that keeps every decoded request."""
-
-    received: list[ExportTraceServiceRequest] = []
-
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        request = ExportTraceServiceRequest()
-        request.ParseFromString(body)
-        type(self).received.append(request)
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-def otlp_spans(requests: list[ExportTraceServiceRequest]) -> list:
-    """Every span of the decoded export requests."""
-    return [
-        span
-        for request in requests
-        for resource_spans in request.resource_spans
-        for scope_spans in resource_spans.scope_spans
-        for span in scope_spans.spans
-    ]
+from tests.otlp_receiver import otlp_http_receiver, otlp_spans
 
 
 def policy_for(provider, mode="event"):
@@ -75,11 +47,8 @@ def tracing_config(port, timeout=2.0):
 
 
 def test_round_trip_over_otlp_http():
-    Receiver.received = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        provider = setup_tracing(tracing_config(server.server_port))
+    with otlp_http_receiver() as receiver:
+        provider = setup_tracing(tracing_config(receiver.server.server_port))
         policy = policy_for(provider)
         tracer = provider.get_tracer("app")
         keys = murmur3_routing_keys(5, seed=1)
@@ -92,14 +61,11 @@ def test_round_trip_over_otlp_http():
                 )
         assert provider.force_flush(10_000)
         provider.shutdown()
-    finally:
-        server.shutdown()
-        server.server_close()
-    spans = otlp_spans(Receiver.received)
+    spans = receiver.spans
     assert len(spans) == 5
     service = {
         a.key: a.value.string_value
-        for a in Receiver.received[0].resource_spans[0].resource.attributes
+        for a in receiver.requests[0].resource_spans[0].resource.attributes
     }
     assert service["service.name"] == "otlp-test"
     for span in spans:

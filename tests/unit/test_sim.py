@@ -318,31 +318,23 @@ def test_otlp_endpoint_sends_sampled_requests_with_decisions_in_mapped_time(
     """``simulate --otlp-endpoint``: N spans per run at a real OTLP/HTTP receiver, the
     adaptive runs' spans carrying the decision event inside the span, all timestamps in
     real time from the start of the command on (virtual time mapped)."""
-    import threading
     import time
-    from http.server import ThreadingHTTPServer
 
-    from tests.unit.test_otlp import Receiver, otlp_spans
+    from tests.otlp_receiver import otlp_http_receiver
 
-    Receiver.received = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     began = time.time_ns()
-    try:
+    with otlp_http_receiver() as receiver:
         code = main(
             [
                 *("simulate", "local-one", "--requests", "2000", "--no-plots", "--quiet"),
                 *("--json", "--policy", "adaptive", "--policy", "token-aware"),
                 *("--out", str(tmp_path), "--trace-requests", "25", "--jobs", "1"),
-                *("--otlp-endpoint", f"http://127.0.0.1:{server.server_port}"),
+                *("--otlp-endpoint", receiver.endpoint),
             ]
         )
-    finally:
-        server.shutdown()
-        server.server_close()
     assert code == 0
     capsys.readouterr()
-    spans = otlp_spans(Receiver.received)
+    spans = receiver.spans
     by_policy: dict[str, list] = {}
     for span in spans:
         attributes = {a.key: a.value for a in span.attributes}
