@@ -78,6 +78,38 @@ def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
     provider.shutdown()
 
 
+@pytest.fixture
+def attached(driver_factory, nodes, spans):
+    """``attached(query=None) -> (policy, cluster, session, prepared query)``: a driver
+    session with adaptive-lb attached to the in-memory tracer provider, its pools open and
+    the spans so far cleared."""
+    provider, exporter = spans
+
+    def make(query=None):
+        policy = adaptive_policy()
+        cluster, session = driver_factory(policy, contact_points=[nodes[0]])
+        adaptive_lb.attach(session, tracer_provider=provider)
+        statement = session.prepare(query) if query is not None else None
+        wait_for_pools(session, "dc1")
+        exporter.clear()
+        return policy, cluster, session, statement
+
+    return make
+
+
+@pytest.fixture
+def instrumented(spans):
+    """opentelemetry-instrumentation-cassandra installed on the test's tracer provider."""
+    instrumentation = pytest.importorskip(
+        "opentelemetry.instrumentation.cassandra",
+        reason="needs opentelemetry-instrumentation-cassandra (the dev extra installs it)",
+    )
+    instrumentor = instrumentation.CassandraInstrumentor()
+    instrumentor.instrument(tracer_provider=spans[0])
+    yield
+    instrumentor.uninstrument()
+
+
 def request_spans(exporter: InMemorySpanExporter) -> list:
     return [
         span
@@ -155,14 +187,9 @@ def test_one_call_starts_what_the_yaml_enables(driver_factory, nodes, tmp_path: 
             scrape(port)
 
 
-def test_the_span_lasts_as_long_as_the_request(driver_factory, nodes, spans):
-    provider, exporter = spans
-    policy = adaptive_policy()
-    _, session = driver_factory(policy, contact_points=[nodes[0]])
-    adaptive_lb.attach(session, tracer_provider=provider)
-    statement = session.prepare(SLOW)
-    wait_for_pools(session, "dc1")
-    exporter.clear()
+def test_the_span_lasts_as_long_as_the_request(attached, spans):
+    _, exporter = spans
+    _, _, session, statement = attached(SLOW)
     measured = []
     for k in range(5):
         started = time.perf_counter()
@@ -179,14 +206,9 @@ def test_the_span_lasts_as_long_as_the_request(driver_factory, nodes, spans):
         assert [a["adaptive_lb.attempt.outcome"] for a in attempts_of(span)] == ["success"]
 
 
-def test_a_retry_shows_both_attempts_and_the_answering_coordinator(driver_factory, nodes, spans):
-    provider, exporter = spans
-    policy = adaptive_policy()
-    _, session = driver_factory(policy, contact_points=[nodes[0]])
-    adaptive_lb.attach(session, tracer_provider=provider)
-    statement = session.prepare(OVERLOADED)
-    wait_for_pools(session, "dc1")
-    exporter.clear()
+def test_a_retry_shows_both_attempts_and_the_answering_coordinator(attached, nodes, spans):
+    _, exporter = spans
+    _, _, session, statement = attached(OVERLOADED)
     for k in range(40):
         session.execute(statement, [k])
     retried = [s for s in request_spans(exporter) if len(attempts_of(s)) == 2]
@@ -203,10 +225,10 @@ def test_a_retry_shows_both_attempts_and_the_answering_coordinator(driver_factor
         assert "error.type" not in span.attributes
 
 
-def test_a_speculative_execution_is_counted(driver_factory, nodes, spans):
-    provider, exporter = spans
-    policy = adaptive_policy()
-    cluster, session = driver_factory(policy, contact_points=[nodes[0]])
+def test_a_speculative_execution_is_counted(attached, spans):
+    _, exporter = spans
+    policy, cluster, session, statement = attached(SPECULATIVE)
+    statement.is_idempotent = True
     cluster.add_execution_profile(
         "speculative",
         ExecutionProfile(
@@ -215,11 +237,6 @@ def test_a_speculative_execution_is_counted(driver_factory, nodes, spans):
             speculative_execution_policy=ConstantSpeculativeExecutionPolicy(0.05, 2),
         ),
     )
-    adaptive_lb.attach(session, tracer_provider=provider)
-    statement = session.prepare(SPECULATIVE)
-    statement.is_idempotent = True
-    wait_for_pools(session, "dc1")
-    exporter.clear()
     session.execute(statement, [1], execution_profile="speculative")
     (span,) = request_spans(exporter)
     assert span.attributes["cassandra.speculative_execution.count"] >= 1
@@ -230,13 +247,9 @@ def test_a_speculative_execution_is_counted(driver_factory, nodes, spans):
     assert sum(h.in_flight for h in policy.snapshot().hosts) == 0
 
 
-def test_a_client_timeout_ends_the_span_with_its_error(driver_factory, nodes, spans):
-    provider, exporter = spans
-    policy = adaptive_policy()
-    _, session = driver_factory(policy, contact_points=[nodes[0]])
-    adaptive_lb.attach(session, tracer_provider=provider)
-    wait_for_pools(session, "dc1")
-    exporter.clear()
+def test_a_client_timeout_ends_the_span_with_its_error(attached, spans):
+    _, exporter = spans
+    _, _, session, _ = attached()
     started = time.perf_counter()
     with pytest.raises(OperationTimedOut):
         session.execute(SimpleStatement(HANGING), timeout=0.3)
@@ -248,25 +261,11 @@ def test_a_client_timeout_ends_the_span_with_its_error(driver_factory, nodes, sp
     assert abs((span.end_time - span.start_time) / 1e9 - waited) <= 0.1 * waited
 
 
-def test_with_the_instrumentation_one_span_per_request(driver_factory, nodes, spans):
-    instrumentation = pytest.importorskip(
-        "opentelemetry.instrumentation.cassandra",
-        reason="needs opentelemetry-instrumentation-cassandra (the dev extra installs it)",
-    )
-    provider, exporter = spans
-    instrumentor = instrumentation.CassandraInstrumentor()
-    instrumentor.instrument(tracer_provider=provider)
-    try:
-        policy = adaptive_policy()
-        _, session = driver_factory(policy, contact_points=[nodes[0]])
-        adaptive_lb.attach(session, tracer_provider=provider)
-        statement = session.prepare(QUERY)
-        wait_for_pools(session, "dc1")
-        exporter.clear()
-        for k in range(10):
-            session.execute(statement, [k])
-    finally:
-        instrumentor.uninstrument()
+def test_with_the_instrumentation_one_span_per_request(attached, instrumented, spans):
+    _, exporter = spans
+    _, _, session, statement = attached(QUERY)
+    for k in range(10):
+        session.execute(statement, [k])
     finished = exporter.get_finished_spans()
     submits = [s for s in finished if s.instrumentation_scope.name.endswith(".cassandra")]
     requests = request_spans(exporter)
@@ -315,34 +314,21 @@ def span_tree(spans) -> str:
     return "\n".join(lines)
 
 
-def test_a_retried_request_as_jaeger_shows_it(driver_factory, nodes, spans):
+def test_a_retried_request_as_jaeger_shows_it(attached, instrumented, spans):
     """Application span > the instrumentation's submit span > the request span, on which
     the decision and both attempts (overloaded, then the answer) are events."""
-    instrumentation = pytest.importorskip(
-        "opentelemetry.instrumentation.cassandra",
-        reason="needs opentelemetry-instrumentation-cassandra (the dev extra installs it)",
-    )
     provider, exporter = spans
-    instrumentor = instrumentation.CassandraInstrumentor()
-    instrumentor.instrument(tracer_provider=provider)
-    try:
-        policy = adaptive_policy()
-        _, session = driver_factory(policy, contact_points=[nodes[0]])
-        adaptive_lb.attach(session, tracer_provider=provider)
-        statement = session.prepare(OVERLOADED)
-        wait_for_pools(session, "dc1")
-        tracer = provider.get_tracer("app")
-        for k in range(40):
-            exporter.clear()
-            with tracer.start_as_current_span("GET /users/{id}"):
-                session.execute(statement, [k])
-            (request,) = request_spans(exporter)
-            if len(attempts_of(request)) == 2:
-                break
-        else:
-            pytest.fail("no request was planned on the overloaded node first")
-    finally:
-        instrumentor.uninstrument()
+    _, _, session, statement = attached(OVERLOADED)
+    tracer = provider.get_tracer("app")
+    for k in range(40):
+        exporter.clear()
+        with tracer.start_as_current_span("GET /users/{id}"):
+            session.execute(statement, [k])
+        (request,) = request_spans(exporter)
+        if len(attempts_of(request)) == 2:
+            break
+    else:
+        pytest.fail("no request was planned on the overloaded node first")
     finished = exporter.get_finished_spans()
     app = next(s for s in finished if s.name == "GET /users/{id}")
     submit = next(s for s in finished if s.name.endswith(" submit"))
