@@ -15,11 +15,12 @@ from __future__ import annotations
 import statistics
 import threading
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from adaptive_lb.health import HealthModel, HealthState, HealthTransition
 from adaptive_lb.proximity import rack_proximity
+from adaptive_lb.scoring import HostView
 from adaptive_lb.stats import HostStats
 from adaptive_lb.topology import TopologyBook
 
@@ -90,18 +91,10 @@ class HealthRefresh:
         """Feed the rack learner the median p50 of each local rack's live HEALTHY hosts
         that have ``min_samples`` (from the windows the health refresh just computed); when
         the learned rack changes, rebuild the snapshot (every host's rack penalty)."""
-        min_samples = self.health.config.min_samples
         local = [v for v in self._book.topology.by_id.values() if v.is_local]
-        latencies: dict[Any, list[float]] = {}
-        for view in local:
-            if not view.live or view.stats.health_state is not HealthState.HEALTHY:
-                continue
-            window = self.health.window_stats(view.host)
-            if window is None or window.samples < min_samples:
-                continue
-            latency = window.latency.get(50.0)
-            if latency is not None:
-                latencies.setdefault(view.rack, []).append(latency)
+        latencies = self._p50_by_rack(
+            v for v in local if v.live and v.stats.health_state is HealthState.HEALTHY
+        )
         medians = {rack: statistics.median(values) for rack, values in latencies.items()}
         racks = {view.rack for view in local}
         live = {view.rack for view in local if view.live}
@@ -114,21 +107,26 @@ class HealthRefresh:
     def _refresh_rack_proximity(self) -> None:
         """Re-weigh the remote racks of the local datacenter from the windows the health
         refresh just computed, and publish each remote host's ``rack_penalty``."""
-        min_samples = self.health.config.min_samples
         remote = [
             v for v in self._book.topology.by_id.values() if v.is_local and v.rack_penalty > 1.0
         ]
-        latencies: dict[Any, list[float]] = {}
+        latencies = self._p50_by_rack(remote)
+        self.rack_proximity = rack_proximity(latencies, self.rack_proximity, self._proximity_cap())
         for view in remote:
+            view.stats.rack_penalty = self.rack_factor(view.rack_penalty, view.rack)
+
+    def _p50_by_rack(self, views: Iterable[HostView[HostStats]]) -> dict[Any, list[float]]:
+        """Per rack, the p50 of ``views``' last windows that have ``min_samples``."""
+        min_samples = self.health.config.min_samples
+        latencies: dict[Any, list[float]] = {}
+        for view in views:
             window = self.health.window_stats(view.host)
             if window is None or window.samples < min_samples:
                 continue
             latency = window.latency.get(50.0)
             if latency is not None:
                 latencies.setdefault(view.rack, []).append(latency)
-        self.rack_proximity = rack_proximity(latencies, self.rack_proximity, self._proximity_cap())
-        for view in remote:
-            view.stats.rack_penalty = self.rack_factor(view.rack_penalty, view.rack)
+        return latencies
 
     def start(self, policy: Any) -> None:
         """Refresh ``policy``'s health every ``health.refresh_interval`` on a daemon
