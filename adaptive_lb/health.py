@@ -127,8 +127,7 @@ class HealthModel:
             new = HostHealth.warming(now, self._config, "host came back up")
             self._health[key] = new
             self._forgotten.discard(key)
-            stats.health_penalty = new.penalty
-            stats.health_state = new.state
+            stats.publish_health(new.state, new.penalty)
             transition = HealthTransition(key, old, new)
             self._unreported[key] = transition
         self._log(transition)
@@ -250,8 +249,11 @@ class HealthModel:
                     old, window, medians[key], config, now, window_s, stalled_s, answers, failures
                 )
                 self._health[key] = new
-                host.health_penalty = new.penalty
-                host.health_state = new.state
+                if new.probe is None:
+                    host.publish_health(new.state, new.penalty)
+                elif new.probe is not old.probe:
+                    # Placed as a healthy host until its budget is spent (or it fails).
+                    host.start_probe(new.probe.requests, config.penalties.healthy, new.penalty)
                 if new.state is not old.state:
                     if old.state in _PENALISED and new.state not in _PENALISED:
                         # Back from SLOW / ERRORING: judged from now on by what it does now,

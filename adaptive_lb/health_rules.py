@@ -39,9 +39,12 @@ Quick to protect, slow to forgive:
   since its verdict, from its answer and failure counts; its window may still hold the bad
   period): a *stalled* host that answers again, or an ERRORING host that answers
   ``CLEAN_STREAK`` (10) times in a row without a failure, starts WARMING at the next
-  refresh (:mod:`adaptive_lb.health_return`). A stalled host with nothing in flight any
-  more is probed (WARMING) as soon as the hold is over: a probe that hangs costs one
-  request, waiting a window costs the host's whole share. Otherwise the window must show
+  refresh (:mod:`adaptive_lb.health_return`). An ERRORING host is *probed* once the hold
+  is over (a stalled one once nothing caught in the stall is in flight on it any more): it
+  stays ERRORING, but its next request (10 for errors) is placed as if it were healthy; a
+  probe that hangs costs one request, waiting a window costs the host's whole share. The
+  probe succeeds with the streak above; a failure or a stall fails it, and the next probe
+  waits twice the hold. Otherwise the window must show
   the numbers clearly back to normal: SLOW is left when the latency is below
   ``recovery_factor`` x the entry threshold (``outlier_factor`` x peer median, or the floor
   if higher), ERRORING when the error rate is below ``recovery_factor`` x ``error_rate``.
@@ -55,7 +58,8 @@ Quick to protect, slow to forgive:
   SLOW, requests for ERRORING) a bad state holds -- but a penalised host gets little
   traffic, so once a whole window has passed in the state without enough fresh evidence,
   it moves to WARMING ("probing"): traffic ramps back, evidence comes in, and if it is
-  still bad it goes straight back. A SLOW host whose peers have no data any more also
+  still bad it goes straight back (ERRORING hosts are probed instead, as above). A SLOW
+  host whose peers have no data any more also
   moves to WARMING (it is no longer an outlier of anything).
 """
 
@@ -64,7 +68,15 @@ from __future__ import annotations
 from attrs import define, field
 
 from adaptive_lb.config import HealthConfig
-from adaptive_lb.health_return import CLEAN_STREAK, Evidence, hold_s
+from adaptive_lb.health_return import (
+    CLEAN_STREAK,
+    Evidence,
+    Probe,
+    hold_s,
+    probe_requests,
+    probe_wait_s,
+    warm_up_s,
+)
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.peer_groups import _median_without, peer_median, peer_medians  # noqa: F401
 from adaptive_lb.stats import WindowStats
@@ -102,6 +114,12 @@ class HostHealth:
     evidence: Evidence = field(factory=Evidence)
     """Its answers and failures since the verdict, returns and relapses
     (:mod:`adaptive_lb.health_return`)."""
+    probe: Probe | None = None
+    """The probe of this ERRORING host in progress (None: none); see
+    :mod:`adaptive_lb.health_return`."""
+    warm_up_s: float | None = None
+    """How long this WARMING host's warm-up lasts (None: ``slow_start``; shorter after a
+    stall, see :func:`~adaptive_lb.health_return.warm_up_s`)."""
 
     @classmethod
     def initial(cls, now_ns: int, config: HealthConfig) -> HostHealth:
@@ -109,12 +127,15 @@ class HostHealth:
         return cls(HealthState.HEALTHY, now_ns, config.penalties.healthy, "no evidence yet")
 
     @classmethod
-    def warming(cls, now_ns: int, config: HealthConfig, reason: str) -> HostHealth:
-        """A host that has just come back: WARMING from ``now_ns`` (HEALTHY if
-        ``slow_start`` is 0)."""
-        if config.slow_start <= 0:
+    def warming(
+        cls, now_ns: int, config: HealthConfig, reason: str, warm_up_s: float | None = None
+    ) -> HostHealth:
+        """A host that has just come back: WARMING from ``now_ns`` for ``warm_up_s``
+        (default ``slow_start``; HEALTHY at once if that is 0)."""
+        if (config.slow_start if warm_up_s is None else warm_up_s) <= 0:
             return cls(HealthState.HEALTHY, now_ns, config.penalties.healthy, reason)
-        return cls(HealthState.WARMING, now_ns, config.penalties.warming, reason)
+        penalty = config.penalties.warming
+        return cls(HealthState.WARMING, now_ns, penalty, reason, warm_up_s=warm_up_s)
 
 
 def warming_penalty(start: float, elapsed_s: float, slow_start: float, end: float = 1.0) -> float:
@@ -182,6 +203,8 @@ def assess(
         since_ns: int,
         new_cause: str = "",
         new_evidence: Evidence = evidence,
+        probe: Probe | None = None,
+        warm_up: float | None = None,
     ) -> HostHealth:
         return HostHealth(
             new_state,
@@ -195,15 +218,28 @@ def assess(
             requests=window.requests,
             cause=new_cause,
             evidence=new_evidence,
+            probe=probe,
+            warm_up_s=warm_up,
         )
 
-    def hold(penalty: float) -> HostHealth:
-        return verdict(state, penalty, previous.reason, previous.since_ns, previous.cause)
+    def hold(penalty: float, probe: Probe | None = None) -> HostHealth:
+        return verdict(
+            state,
+            penalty,
+            previous.reason,
+            previous.since_ns,
+            previous.cause,
+            probe=probe,
+            warm_up=previous.warm_up_s,
+        )
 
-    def warming(reason: str) -> HostHealth:
-        start = HostHealth.warming(now_ns, config, reason)
+    def warming(reason: str, after_stall: bool = False) -> HostHealth:
+        warm_up = warm_up_s(config.slow_start, config.min_state_duration) if after_stall else None
+        start = HostHealth.warming(now_ns, config, reason, warm_up)
         came_back = evidence.came_back(now_ns, answers)
-        return verdict(start.state, start.penalty, reason, now_ns, "", came_back)
+        return verdict(
+            start.state, start.penalty, reason, now_ns, "", came_back, warm_up=start.warm_up_s
+        )
 
     def worse(new_state: HealthState, penalty: float, reason: str, new_cause: str) -> HostHealth:
         if state in (HealthState.HEALTHY, HealthState.WARMING):
@@ -237,24 +273,79 @@ def assess(
     if slow and state in (HealthState.HEALTHY, HealthState.WARMING):
         return worse(HealthState.SLOW, penalties.slow, slow_reason(), "slow")
 
-    if state in (HealthState.ERRORING, HealthState.SLOW):
-        # The way back from fresh evidence (see adaptive_lb.health_return), after the hold.
-        penalty = penalties.erroring if state is HealthState.ERRORING else penalties.slow
-        if stalled or in_state_s < hold_s(config.min_state_duration, evidence.relapses, window_s):
-            return hold(penalty)
+    if state is HealthState.ERRORING:
+        # The way back from fresh evidence and probes (see adaptive_lb.health_return).
+        probe = previous.probe
+        # By its window (errors only: a stalled host's window holds the stall's timeouts).
+        recovered = (
+            cause != "stall"
+            and enough_requests
+            and error_rate < config.recovery_factor * config.error_rate
+        )
+        if probe is not None:
+            if (stalled or failures > probe.failures_at_start) and not recovered:
+                failed = evidence.probe_failed(answers, now_ns)
+                wait = probe_wait_s(
+                    config.min_state_duration, failed.relapses, failed.failed_probes, window_s
+                )
+                what = "no answer" if stalled else "a failure"
+                return verdict(
+                    state,
+                    penalties.erroring,
+                    f"probe {failed.failed_probes} failed ({what}); the next in {wait:g}s",
+                    previous.since_ns,
+                    cause,
+                    failed,
+                )
+            if streak >= probe_requests(cause):
+                if cause == "stall":
+                    return warming(f"probe answered after a stall: {streak} answers", True)
+                if slow:
+                    return worse(HealthState.SLOW, penalties.slow, slow_reason(), "slow")
+                return warming(f"probe answered: {streak} answers in a row, none failed")
+        waited_s = in_state_s
+        if evidence.probe_failed_ns is not None:
+            waited_s = min(waited_s, (now_ns - evidence.probe_failed_ns) / _NS)
+        wait_s = probe_wait_s(
+            config.min_state_duration, evidence.relapses, evidence.failed_probes, window_s
+        )
+        if stalled or waited_s < wait_s:
+            return hold(penalties.erroring, probe)
         if cause == "stall":
             # Its window holds the stall's timeouts: judge it by what it does now -- once
             # nothing caught in the stall is in flight on it any more (their late answers
             # must not be the first samples of its new window).
             if window.in_flight > 0:
-                return hold(penalty)
+                return hold(penalties.erroring, probe)
             if streak > 0:
-                return warming(f"answering again after a stall: {streak} answers, none failed")
-            return warming("probing: stalled, and nothing in flight on it any more")
-        if cause == "errors" and streak >= CLEAN_STREAK:
+                return warming(
+                    f"answering again after a stall: {streak} answers, none failed", True
+                )
+        elif streak >= CLEAN_STREAK:
             if slow:
                 return worse(HealthState.SLOW, penalties.slow, slow_reason(), "slow")
             return warming(f"errors stopped: {streak} answers in a row, none failed")
+        if probe is None and (cause == "stall" or not recovered):
+            requests = probe_requests(cause)
+            why = (
+                "stalled, nothing in flight on it any more"
+                if cause == "stall"
+                else f"error+timeout rate {error_rate:.1%} over {window.requests} requests"
+            )
+            return verdict(
+                state,
+                penalties.erroring,
+                f"probing with {requests} request{'s' if requests > 1 else ''}: {why}",
+                previous.since_ns,
+                cause,
+                evidence,
+                Probe(requests, failures),
+            )
+
+    if state is HealthState.SLOW and in_state_s < hold_s(
+        config.min_state_duration, evidence.relapses, window_s
+    ):
+        return hold(penalties.slow)
 
     if state is HealthState.ERRORING:
         if enough_requests and error_rate < config.recovery_factor * config.error_rate:
@@ -265,12 +356,7 @@ def assess(
                 f"{config.recovery_factor:g} x {config.error_rate:.1%} "
                 f"over {window.requests} requests"
             )
-        if not enough_requests and in_state_s >= window_s:
-            return warming(
-                f"probing: only {window.requests} requests in the {window_s:g}s "
-                f"since it turned erroring (min {config.min_samples})"
-            )
-        return hold(penalties.erroring)
+        return hold(penalties.erroring, previous.probe)
 
     if state is HealthState.SLOW:
         if enough_samples and latency is not None:
@@ -290,7 +376,8 @@ def assess(
         return hold(penalties.slow)
 
     if state is HealthState.WARMING:
-        if in_state_s >= config.slow_start and settled:
+        warm_up = config.slow_start if previous.warm_up_s is None else previous.warm_up_s
+        if in_state_s >= warm_up and settled:
             return verdict(
                 HealthState.HEALTHY,
                 penalties.healthy,
@@ -298,9 +385,7 @@ def assess(
                 f"error+timeout rate {error_rate:.1%}",
                 now_ns,
             )
-        penalty = warming_penalty(
-            penalties.warming, in_state_s, config.slow_start, end=penalties.healthy
-        )
+        penalty = warming_penalty(penalties.warming, in_state_s, warm_up, end=penalties.healthy)
         return hold(penalty)
 
     return verdict(

@@ -133,12 +133,14 @@ class HostStats:
         "_intervals",
         "_layout",
         "_lock",
+        "_penalty_after_probe",
         "abandons_total",
         "errors_total",
         "ewma_s",
         "health_penalty",
         "health_state",
         "in_flight",
+        "probe_left",
         "rack_penalty",
         "requests_total",
         "timeouts_total",
@@ -170,6 +172,10 @@ class HostStats:
         available): released, and not requests the host ever saw."""
         self.underflows = 0
         """Releases that found nothing in flight: a tracking bug if ever non-zero."""
+        self.probe_left = 0
+        """Requests the probe of this ERRORING host may still send at the probe's penalty
+        (:meth:`start_probe`; 0: no probe)."""
+        self._penalty_after_probe = 1.0
         self._lock = threading.Lock()
         self._clock_now = clock.now_ns
         self._configure(config)
@@ -209,6 +215,10 @@ class HostStats:
         """An attempt was sent to this host."""
         with self._lock:
             self.in_flight += 1
+            if self.probe_left:
+                self.probe_left -= 1
+                if not self.probe_left:
+                    self.health_penalty = self._penalty_after_probe
 
     def on_success(self, latency_ns: int) -> None:
         """The attempt got a response; its latency counts."""
@@ -268,6 +278,8 @@ class HostStats:
             interval = self._settle(now)
             interval.errors += 1
             self.errors_total += 1
+            if self.probe_left:
+                self._end_probe()
             if not fast:
                 self._record(interval, latency_ns)
 
@@ -279,6 +291,8 @@ class HostStats:
             interval = self._settle(now)
             interval.timeouts += 1
             self.timeouts_total += 1
+            if self.probe_left:
+                self._end_probe()
             self._record(interval, latency_ns)
 
     def on_abandon(self) -> None:
@@ -293,7 +307,31 @@ class HostStats:
             self._release()
             self.unsent_total += 1
 
+    # ---------------------------------------------------------------- health
+
+    def publish_health(self, state: HealthState, penalty: float) -> None:
+        """The health model's verdict: ``state`` and ``penalty`` from now on (a probe in
+        progress ends)."""
+        with self._lock:
+            self.probe_left = 0
+            self.health_state = state
+            self.health_penalty = penalty
+
+    def start_probe(self, requests: int, penalty: float, after: float) -> None:
+        """Probe this (ERRORING) host: its next ``requests`` attempts are placed at
+        ``penalty``, then (or at its first error or timeout) the penalty is ``after``. The
+        budget is spent by :meth:`on_send`, so concurrent plans share it; a few plans made
+        at the same instant may still place the host at ``penalty``."""
+        with self._lock:
+            self._penalty_after_probe = after
+            self.probe_left = requests
+            self.health_penalty = penalty if requests > 0 else after
+
     # The helpers below run with the lock held.
+
+    def _end_probe(self) -> None:
+        self.probe_left = 0
+        self.health_penalty = self._penalty_after_probe
 
     def _release(self) -> None:
         if self.in_flight > 0:

@@ -38,7 +38,7 @@ FAST = Config(
 )
 
 
-# A longer window: a penalised host is probed again only after a whole window without news.
+# A longer window: a SLOW host is probed again only after a whole window without news.
 # The median: at 32 requests in flight the Python client's own queueing (not the cluster)
 # inflates every host's tail, and a 20 ms slower node stands out by its median.
 STEADY = Config(

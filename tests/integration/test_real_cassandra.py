@@ -310,10 +310,11 @@ def test_stalled_node_is_avoided_and_traffic_returns(
     What a stall looks like to the policy: the requests that were on the node, and the few
     sent in its first milliseconds, hang; its in-flight count outweighs the others' at
     once, so it gets nothing more; after ``stall_timeout`` (0.5 s here) without an answer it
-    turns ERRORING. The client timeout (2 s) releases the hung attempts; the state holds
-    until a window has passed, then the node is probed (WARMING): the few requests that
-    reach it hang, and it is ERRORING again within ``stall_timeout``. After SIGCONT it
-    answers again and comes back through WARMING to HEALTHY.
+    turns ERRORING. The client timeout (2 s) releases the hung attempts; after the hold the
+    node is probed: still ERRORING, one request is placed on it as if it were healthy, it
+    hangs, and the next probe waits for its timeout and twice the hold. After SIGCONT it
+    answers again (the probe in flight, or the next one) and comes back through a short
+    WARMING (``min_state_duration``: nothing in it is cold) to HEALTHY.
     """
     caplog.set_level(logging.INFO, logger="adaptive_lb.health")
     began = time.monotonic()
@@ -422,10 +423,10 @@ def test_stalled_node_is_avoided_and_traffic_returns(
     # Within the stall timeout and a refresh or two, health says so.
     flagged = next((t for t, s in states if s[index] is HealthState.ERRORING), None)
     assert flagged is not None and flagged < 1.5, transitions
-    # The whole pause: the requests in flight at SIGSTOP, then a few probes per probing
-    # cycle (a window of 2 s, then WARMING): not a burst every request timeout.
+    # The whole pause: the requests in flight at SIGSTOP, then one probe at a time (two
+    # plans made at the same instant may both place it): not a burst every request timeout.
     later = [t for t in probes if t >= period - 0.1]
-    assert len(later) <= 2 * concurrency, probes
+    assert len(later) <= concurrency, probes
     print(f"stalled node test: {time.monotonic() - began:.1f} s")
 
 

@@ -259,15 +259,22 @@ def test_stalled_host_turns_erroring_without_min_samples():
     assert transitions[0].new.reason == "stalled: no answer for 2.1s with 3 requests in flight"
     assert c.penalty("h0") == 64.0
     # Client timeouts release the attempts (they are not answers). Nothing is in flight on
-    # it any more, so after min_state_duration it is probed (WARMING) with a fresh window,
-    # rather than judged SLOW for a window's length on the p99 of those 3 s timeouts.
+    # it any more, so after min_state_duration it is probed: still ERRORING, but its next
+    # request is placed as if it were healthy -- rather than judged SLOW for a window's
+    # length on the p99 of those 3 s timeouts.
     c.clock.advance(1 * S)
     for _ in range(3):
         stalled.on_timeout(3 * S)
     c.refresh()
     assert stalled.in_flight == 0
+    assert c.state("h0") is ERRORING and c.penalty("h0") == 1.0
+    assert c.model.health("h0").reason.startswith("probing with 1 request: stalled")
+    stalled.on_send()  # the probe: one request, then the host is avoided again
+    assert stalled.probe_left == 0 and c.penalty("h0") == 64.0
+    stalled.on_success(5 * MS)
+    c.refresh()
     assert c.state("h0") is WARMING and c.penalty("h0") == 64.0
-    assert c.model.health("h0").reason.startswith("probing: stalled")
+    assert c.model.health("h0").reason.startswith("probe answered after a stall")
     assert stalled.window_stats().requests == 0  # the stall's timeouts are forgotten
 
 
