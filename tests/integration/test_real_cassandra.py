@@ -20,15 +20,21 @@ import pytest
 from attrs import define, field
 from cassandra import ConsistencyLevel
 from cassandra.concurrent import execute_concurrent_with_args
-from cassandra.policies import DCAwareRoundRobinPolicy, HostStateListener, TokenAwarePolicy
+from cassandra.policies import (
+    AddressTranslator,
+    DCAwareRoundRobinPolicy,
+    HostStateListener,
+    TokenAwarePolicy,
+)
 from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config, instrument
 from adaptive_lb.config import HealthConfig, TrackingConfig
 from adaptive_lb.health import HealthState
-from adaptive_lb.peers.connect import connect_driver
+from adaptive_lb.peers.connect import CQL_PORT, connect_driver
 from tests.integration.cassandra import CassandraCluster
 from tests.integration.cassandra_fixture import cassandra_cluster  # noqa: F401
+from tests.integration.delay_proxy import DelayProxy
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +62,7 @@ FAST = Config(
 
 
 Connect = Callable[..., tuple[Any, Any, Any, Any]]
-"""``connect(config=FAST) -> (policy, cluster, session, prepared SELECT)``."""
+"""``connect(config=FAST, **cluster_kwargs) -> (policy, cluster, session, prepared SELECT)``."""
 
 
 @define
@@ -179,12 +185,16 @@ def connect(ring: CassandraCluster) -> Iterator[Connect]:
     ``TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1"))``; shut down after the test."""
     made: list[Any] = []
 
-    def make(config: Config = FAST) -> tuple[Any, Any, Any, Any]:
+    def make(config: Config = FAST, **cluster_kwargs: Any) -> tuple[Any, Any, Any, Any]:
         policy = AdaptiveLoadBalancingPolicy(
             TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")), config
         )
         cluster, session = connect_driver(
-            ring.addresses[:1], policy, request_timeout=REQUEST_TIMEOUT, connect_timeout=5.0
+            ring.addresses[:1],
+            policy,
+            request_timeout=REQUEST_TIMEOUT,
+            connect_timeout=5.0,
+            **cluster_kwargs,
         )
         made.append(cluster)
         instrument(session)
@@ -603,3 +613,72 @@ def test_an_unset_local_rack_is_learned_or_left_unknown_never_flipped(connect: C
     first = next((i for i, rack in enumerate(racks) if rack is not None), len(racks))
     assert len(set(racks[first:])) <= 1, seen
     assert not sum(errors(requests).values())
+
+
+class _ThroughProxy(AddressTranslator):  # type: ignore[misc]
+    """Nodes reached through the delay proxy: their address -> the proxy's."""
+
+    def __init__(self, routes: dict[str, str]) -> None:
+        self.routes = routes
+
+    def translate(self, addr: str) -> str:
+        return self.routes.get(addr, addr)
+
+
+FAR_ZONE_DELAY = 0.0015
+"""Seconds each way between the client and the other racks' nodes (3 ms round trip: two
+zones of one region, generously)."""
+
+
+def test_the_client_zone_is_learned_from_measured_latency(
+    ring: CassandraCluster, connect: Connect
+) -> None:
+    """``local_rack`` unset, the client in r1's zone: nodes 2 (r2) and 3 (r3) are reached
+    through a proxy that delays every byte 1.5 ms each way, node 1 directly. Under steady load
+    the policy learns r1 -- the rack whose hosts answer fastest at the median -- keeps it,
+    and then sends the keys node 1 holds to node 1."""
+    far = {address: f"127.0.13.{address.rsplit('.', 1)[1]}" for address in ring.addresses[1:]}
+    proxy = DelayProxy(
+        {f"{via}:{CQL_PORT}": f"{address}:{CQL_PORT}" for address, via in far.items()},
+        FAR_ZONE_DELAY,
+    ).start()
+    try:
+        policy, cluster, session, stmt = connect(address_translator=_ThroughProxy(far))
+        assert ring_addresses(cluster) == sorted([ring.addresses[0], *far.values()])
+        assert policy.local_rack_source == "unknown"
+        near = ring.addresses[0]
+        keys_on_near = [
+            k
+            for k in range(ROWS)
+            if near
+            in {h.address for h in cluster.metadata.get_replicas("ks", stmt.bind([k]).routing_key)}
+        ]
+        load = BackgroundLoad(session, lambda i: (stmt, [keys_on_near[i % len(keys_on_near)]]), 4)
+        load.start()
+        began = time.monotonic()
+        seen: list[tuple[float, str | None, str]] = []
+        try:
+            while time.monotonic() < began + 10.0:
+                time.sleep(0.25)
+                seen.append((time.monotonic() - began, policy.local_rack, policy.local_rack_source))
+        finally:
+            requests = load.stop()
+        learned_at = next((t for t, _, source in seen if source == "learned"), None)
+        after = [r for r in requests if learned_at is not None and r.started - began > learned_at]
+        near_share = attempts(after)[near] / max(1, sum(attempts(after).values()))
+        print(
+            f"\nzone by latency: node 1 direct, nodes 2-3 +{FAR_ZONE_DELAY * 2000:g} ms round "
+            f"trip; {len(requests)} requests on keys node 1 holds; learned "
+            f"{policy.local_rack!r} ({policy.local_rack_source}) after "
+            f"{learned_at if learned_at is None else round(learned_at, 2)} s; node 1's share of "
+            f"the attempts after that {near_share:.1%}; racks seen "
+            f"{sorted({(r, src) for _, r, src in seen}, key=str)}"
+        )
+        assert learned_at is not None and learned_at < 8.0, seen
+        assert policy.local_rack == "r1" and policy.local_rack_source == "learned"
+        assert {rack for _, rack, _ in seen if rack is not None} == {"r1"}  # never another
+        # Both replicas are fine; the local one wins but for in-flight ties broken by load.
+        assert near_share >= 0.8, attempts(after)
+        assert not sum(errors(requests).values())
+    finally:
+        proxy.stop()
