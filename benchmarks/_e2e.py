@@ -111,7 +111,32 @@ VARIANTS = {
     "adaptive-spans": "adaptive-attach + that parent span: a request span per request, decision "
     "on it",
     "stock-otel": "stock + the same parent span per request (what the span alone costs)",
+    "adaptive-untracked": "diagnostic: adaptive without instrument() (its plan alone)",
+    "stock-hooked": "diagnostic: stock, each future hooked as tracking does, attempts ignored "
+    "(what the hook alone costs)",
+    "stock-listener": "diagnostic: stock with a request-init listener that does nothing",
 }
+
+
+class _IgnoredAttempts:
+    """What ``stock-hooked`` gives each hooked future: it hears every attempt, does nothing."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return False
+
+    def sent(self, host: Any) -> None:
+        pass
+
+    def not_sent(self, host: Any) -> None:
+        pass
+
+    def answered(self, host: Any, response: Any) -> None:
+        pass
+
+    def ended(self, exception: Any) -> None:
+        pass
 
 
 class Variant:
@@ -137,8 +162,17 @@ class Variant:
         try:
             if name in ("adaptive-attach", "adaptive-spans"):
                 self.tracker = attach(self.session, tracer_provider=self.provider).tracker
+            elif name == "adaptive-untracked":
+                self.tracker = None
             else:
                 self.tracker = instrument(self.session) if self.adaptive else None
+            if name == "stock-hooked":
+                from adaptive_lb._driver import hook_future
+
+                ignored = _IgnoredAttempts()
+                self.session.add_request_init_listener(lambda f: hook_future(f, ignored))
+            elif name == "stock-listener":
+                self.session.add_request_init_listener(lambda f: None)
             if not wait_for_pools(self.session, DC, timeout=30.0):
                 raise RuntimeError(f"{name}: the driver's pools to {DC} did not open in 30 s")
             self.prepared = self.session.prepare(QUERY)
@@ -187,7 +221,7 @@ class Variant:
         if self.exporter is not None:
             self.exporter.inspect = False
             out["spans_with_decision"] = self.exporter.with_decision
-        if self.adaptive:
+        if self.tracker is not None:
             out["untracked_requests"] = self.tracker.untracked_requests
             out["internal_errors"] = self.policy.internal_errors
         return out
@@ -195,7 +229,7 @@ class Variant:
     def counters(self) -> dict[str, Any]:
         """End-of-run consistency numbers."""
         out: dict[str, Any] = {}
-        if self.adaptive:
+        if self.tracker is not None:
             stats = [self.policy.stats.peek(h) for h in self.cluster.metadata.all_hosts()]
             out["tracked_requests"] = sum(s.requests_total for s in stats if s is not None)
             out["in_flight_now"] = sum(s.in_flight for s in stats if s is not None)
