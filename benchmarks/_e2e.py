@@ -115,6 +115,8 @@ VARIANTS = {
     "stock-hooked": "diagnostic: stock, each future hooked as tracking does, attempts ignored "
     "(what the hook alone costs)",
     "stock-listener": "diagnostic: stock with a request-init listener that does nothing",
+    "stock-tracked": "diagnostic: stock routing, each attempt tracked into a side adaptive "
+    "policy's statistics (tracking's cost without its routing)",
 }
 
 
@@ -173,6 +175,19 @@ class Variant:
                 self.session.add_request_init_listener(lambda f: hook_future(f, ignored))
             elif name == "stock-listener":
                 self.session.add_request_init_listener(lambda f: None)
+            elif name == "stock-tracked":
+                from adaptive_lb._driver import hook_future
+                from adaptive_lb.tracking import _Attempts
+
+                side = AdaptiveLoadBalancingPolicy(TokenAwarePolicy(DCAwareRoundRobinPolicy(DC)))
+                side.populate(self.cluster, list(self.cluster.metadata.all_hosts()))
+                side.tracking_attached()
+                self.side = side
+
+                def track(future: Any) -> None:
+                    hook_future(future, _Attempts.of(side))
+
+                self.session.add_request_init_listener(track)
             if not wait_for_pools(self.session, DC, timeout=30.0):
                 raise RuntimeError(f"{name}: the driver's pools to {DC} did not open in 30 s")
             self.prepared = self.session.prepare(QUERY)
