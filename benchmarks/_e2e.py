@@ -117,6 +117,8 @@ VARIANTS = {
     "stock-listener": "diagnostic: stock with a request-init listener that does nothing",
     "stock-tracked": "diagnostic: stock routing, each attempt tracked into a side adaptive "
     "policy's statistics (tracking's cost without its routing)",
+    "stock-shuffled": "diagnostic: TokenAwarePolicy(..., shuffle_replicas=True): stock that "
+    "spreads each key over its replicas, as adaptive-lb does",
 }
 
 
@@ -154,7 +156,10 @@ class Variant:
         self.provider = self.exporter = None
         if name.endswith(("-otel", "-spans")):
             self.provider, self.exporter = otel_provider()
-        child = TokenAwarePolicy(DCAwareRoundRobinPolicy(DC))
+        # Each driver's default for the reference (scylla-driver shuffles, cassandra-driver
+        # does not).
+        shuffle = {"shuffle_replicas": True} if name == "stock-shuffled" else {}
+        child = TokenAwarePolicy(DCAwareRoundRobinPolicy(DC), **shuffle)
         self.policy: Any = (
             AdaptiveLoadBalancingPolicy(child, tracer_provider=self.provider)
             if self.adaptive

@@ -24,6 +24,12 @@ Variants, each with its own Cluster and Session created once up front and warmed
 * ``stock-otel``: ``stock`` with the same parent span, to tell the cost of the span itself
   from the cost of recording the decision on it.
 
+Diagnostic variants (not run by default; they split ``adaptive``'s cost): ``adaptive-untracked``
+(the plan without tracking), ``stock-tracked`` (stock routing, attempts tracked into a side
+policy's statistics), ``stock-hooked`` (futures hooked, attempts ignored),
+``stock-listener`` (a request-init listener doing nothing) and ``stock-shuffled``
+(``shuffle_replicas=True``).
+
 Timing: ``--rounds`` rounds; in each, every variant runs ``--seconds`` once, in a shuffled
 order, so a busy neighbour on a shared machine slows the variants of a round alike. Every
 request sent in a round completes in it. The cyclic GC is frozen after warm-up
