@@ -231,7 +231,7 @@ def test_fast_failing_host_turns_erroring_and_never_looks_fast():
     c.feed("h0", 0, count=200, error=True)
     transitions = c.refresh()
     assert [t.new.state for t in transitions] == [ERRORING]
-    assert c.state("h0") is ERRORING and c.penalty("h0") == 64.0
+    assert c.state("h0") is ERRORING and c.penalty("h0") == 1024.0
     assert "error+timeout rate 66.7% > 25.0% over 300 requests" in transitions[0].new.reason
     window_stats = c.model.window_stats("h0")
     assert window_stats is not None
@@ -257,7 +257,7 @@ def test_stalled_host_turns_erroring_without_min_samples():
     transitions = c.refresh()
     assert [(t.key, t.new.state) for t in transitions] == [("h0", ERRORING)]
     assert transitions[0].new.reason == "stalled: no answer for 2.1s with 3 requests in flight"
-    assert c.penalty("h0") == 64.0
+    assert c.penalty("h0") == 1024.0
     # Client timeouts release the attempts (they are not answers). Nothing is in flight on
     # it any more, so after min_state_duration it is probed: still ERRORING, but its next
     # request is placed as if it were healthy -- rather than judged SLOW for a window's
@@ -270,7 +270,7 @@ def test_stalled_host_turns_erroring_without_min_samples():
     assert c.state("h0") is ERRORING and c.penalty("h0") == 1.0
     assert c.model.health("h0").reason.startswith("probing with 1 request: stalled")
     stalled.on_send()  # the probe: one request, then the host is avoided again
-    assert stalled.probe_left == 0 and c.penalty("h0") == 64.0
+    assert stalled.probe_left == 0 and c.penalty("h0") == 1024.0
     stalled.on_success(5 * MS)
     c.refresh()
     assert c.state("h0") is WARMING and c.penalty("h0") == 64.0
@@ -334,7 +334,7 @@ def test_assess_stall_rule_is_pure():
     empty = window(latency=None, samples=0)
     assert assess(healthy, empty, None, config, 5 * S, stalled_s=1.99).state is HEALTHY
     verdict = assess(healthy, empty, None, config, 5 * S, stalled_s=2.0)
-    assert (verdict.state, verdict.since_ns, verdict.penalty) == (ERRORING, 5 * S, 64.0)
+    assert (verdict.state, verdict.since_ns, verdict.penalty) == (ERRORING, 5 * S, 1024.0)
     off = HealthConfig(stall_timeout=0.0)
     assert assess(healthy, empty, None, off, 5 * S, stalled_s=100.0).state is HEALTHY
 
@@ -606,7 +606,7 @@ def test_state_changes_respect_min_state_duration(seed, dwell, slow_start):
             == {
                 HEALTHY: 1.0,
                 SLOW: 64.0,
-                ERRORING: 64.0,
+                ERRORING: 1024.0,
                 WARMING: 64.0 if slow_start else 1.0,
             }[new.state]
         )
