@@ -19,8 +19,9 @@ States (:class:`HealthState`):
 * ERRORING -- (errors + timeouts) / requests above ``error_rate`` over at least
   ``min_samples`` requests; or *stalled*: requests in flight on it and not one answer (a
   timeout is not an answer) for ``stall_timeout``. Wins over SLOW. Penalty
-  ``penalties.erroring``. Fast errors never enter the latency histogram (see
-  :mod:`adaptive_lb.stats`), so a node failing fast is caught here and never looks fast. A
+  ``penalties.erroring``, or ``penalties.stalled`` for a stall. Fast errors never enter
+  the latency histogram (see :mod:`adaptive_lb.stats`), so a node failing fast is caught
+  here and never looks fast. A
   stall needs no sample count: a node paused by a long GC answers nothing, and the few
   requests caught on it time out far too slowly to reach ``min_samples``.
 * WARMING -- the host came back (up again:
@@ -195,6 +196,9 @@ def assess(
     pct = f"p{config.percentile:g}"
     evidence, streak = previous.evidence.observe(answers, failures)
     cause = previous.cause or ("errors" if state is HealthState.ERRORING else "slow")
+    # A request to a stalled host hangs until the client's timeout; to an erroring one it
+    # fails fast and is retried elsewhere.
+    erroring_penalty = penalties.stalled if cause == "stall" else penalties.erroring
 
     def verdict(
         new_state: HealthState,
@@ -258,7 +262,7 @@ def assess(
     if stalled and state is not HealthState.ERRORING:
         return worse(
             HealthState.ERRORING,
-            penalties.erroring,
+            penalties.stalled,
             f"stalled: no answer for {stalled_s:.1f}s with {window.in_flight} requests in flight",
             "stall",
         )
@@ -291,7 +295,7 @@ def assess(
                 what = "no answer" if stalled else "a failure"
                 return verdict(
                     state,
-                    penalties.erroring,
+                    erroring_penalty,
                     f"probe {failed.failed_probes} failed ({what}); the next in {wait:g}s",
                     previous.since_ns,
                     cause,
@@ -310,13 +314,13 @@ def assess(
             config.min_state_duration, evidence.relapses, evidence.failed_probes, window_s
         )
         if stalled or waited_s < wait_s:
-            return hold(penalties.erroring, probe)
+            return hold(erroring_penalty, probe)
         if cause == "stall":
             # Its window holds the stall's timeouts: judge it by what it does now -- once
             # nothing caught in the stall is in flight on it any more (their late answers
             # must not be the first samples of its new window).
             if window.in_flight > 0:
-                return hold(penalties.erroring, probe)
+                return hold(erroring_penalty, probe)
             if streak > 0:
                 return warming(
                     f"answering again after a stall: {streak} answers, none failed", True
@@ -334,7 +338,7 @@ def assess(
             )
             return verdict(
                 state,
-                penalties.erroring,
+                erroring_penalty,
                 f"probing with {requests} request{'s' if requests > 1 else ''}: {why}",
                 previous.since_ns,
                 cause,
@@ -356,7 +360,7 @@ def assess(
                 f"{config.recovery_factor:g} x {config.error_rate:.1%} "
                 f"over {window.requests} requests"
             )
-        return hold(penalties.erroring, previous.probe)
+        return hold(erroring_penalty, previous.probe)
 
     if state is HealthState.SLOW:
         if enough_samples and latency is not None:

@@ -123,8 +123,12 @@ class HealthPenalties:
     """Multiplier of a HEALTHY host."""
     slow: float = field(default=64.0, validator=[number, ge(1.0)])
     """Multiplier of a SLOW host (latency outlier among its peers)."""
-    erroring: float = field(default=1024.0, validator=[number, ge(1.0)])
+    erroring: float = field(default=64.0, validator=[number, ge(1.0)])
     """Multiplier of an ERRORING host (error rate above ``health.error_rate``)."""
+    stalled: float = field(default=1024.0, validator=[number, ge(1.0)])
+    """Multiplier of a host ERRORING because it stalled (requests in flight, no answer for
+    ``health.stall_timeout``): a request sent to it hangs until the client's timeout, so it
+    ranks below SLOW and erroring hosts even when they are busier."""
     warming: float = field(default=64.0, validator=[number, ge(1.0)])
     """Multiplier of a host that just came back (decays to 1 over ``health.slow_start``)."""
 

@@ -78,6 +78,7 @@ BOUNDS = [
     ("health.penalties.healthy", [1, 2.5], [0.9, "1"], "must be >= 1, got 0.9"),
     ("health.penalties.slow", [1, 1000], [0.5], "must be >= 1, got 0.5"),
     ("health.penalties.erroring", [1, 64], [0], "must be >= 1, got 0"),
+    ("health.penalties.stalled", [1, 1024], [0], "must be >= 1, got 0"),
     ("health.penalties.warming", [1], [0, False], "must be >= 1, got 0"),
     ("tracing.enabled", [True, False], ["no"], "must be true or false, got a string ('no')"),
     ("tracing.mode", ["event", "span"], ["both", 1], "must be one of event, span, got 'both'"),

@@ -231,7 +231,7 @@ def test_fast_failing_host_turns_erroring_and_never_looks_fast():
     c.feed("h0", 0, count=200, error=True)
     transitions = c.refresh()
     assert [t.new.state for t in transitions] == [ERRORING]
-    assert c.state("h0") is ERRORING and c.penalty("h0") == 1024.0
+    assert c.state("h0") is ERRORING and c.penalty("h0") == 64.0
     assert "error+timeout rate 66.7% > 25.0% over 300 requests" in transitions[0].new.reason
     window_stats = c.model.window_stats("h0")
     assert window_stats is not None
@@ -606,7 +606,7 @@ def test_state_changes_respect_min_state_duration(seed, dwell, slow_start):
             == {
                 HEALTHY: 1.0,
                 SLOW: 64.0,
-                ERRORING: 1024.0,
+                ERRORING: 1024.0 if new.cause == "stall" else 64.0,
                 WARMING: 64.0 if slow_start else 1.0,
             }[new.state]
         )

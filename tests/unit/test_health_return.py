@@ -245,7 +245,7 @@ def test_an_erroring_host_is_probed_and_the_first_error_ends_the_probe():
     c.feed("h0", 5.0, 3)
     assert h0.probe_left == CLEAN_STREAK - 3 and h0.health_penalty == 1.0
     c.feed("h0", 0, 1, error=True)  # still failing: avoided again at once, not at a refresh
-    assert h0.probe_left == 0 and h0.health_penalty == 1024.0
+    assert h0.probe_left == 0 and h0.health_penalty == 64.0
     c.tick()
     assert c.state() is ERRORING and c.health().probe is None
     assert c.health().reason == f"probe 1 failed (a failure); the next in {PROBE_BACKOFF:g}s"
