@@ -525,10 +525,16 @@ def test_every_request_ends_and_accounting_holds_under_faults(
     assert not loop.late, f"{len(loop.late)} requests took more than {bound} s: {loop.late[:5]}"
     assert loop.not_recording == 0
     assert successes > 0.5 * loop.submitted
-    # The faults were real: timeouts on the stalled node, broken connections on the other.
+    # The faults were real: timeouts on the stalled node, broken connections on the other,
+    # and tracking saw attempts caught by them: sent into a breaking connection (an error)
+    # or counted, then not written for want of a connection (unsent). Which of the two
+    # depends on what was in flight at each drop: in some scylla-driver runs the node,
+    # marked down at the first drop and WARMING after, had nothing in flight at any later
+    # one (errors 0, unsent 1).
     assert loop.errors["OperationTimedOut"] > 0
     assert policy.stats.peek(by_address[stalling]).timeouts_total > 0
-    assert policy.stats.peek(by_address[dropping]).errors_total > 0
+    dropped = policy.stats.peek(by_address[dropping])
+    assert dropped.errors_total + dropped.unsent_total > 0
     assert downs.downs[dropping] > 0
     # Reloads: every valid file taken, the invalid one refused every time.
     assert reloads["a ok"] == 5 and reloads["b ok"] == 5 and reloads["bad refused"] == 5
