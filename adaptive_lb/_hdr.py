@@ -5,7 +5,7 @@ every slot per ``reset`` and per percentile query, and ~10 us of range checks pe
 The request path and the health refresh cannot afford that, so they work on hdrh's own
 objects through the internals read here and nowhere else: the counts array (a ctypes array,
 cleared with one ``memset``), its length and word size, the slot arithmetic of
-``record_value`` (which :meth:`adaptive_lb.stats.HostStats.on_success` inlines from the
+``record_value`` (which :meth:`adaptive_lb.window.SlidingWindow.replay` inlines from the
 numbers of a :class:`HistogramLayout`), the total / min / max attributes, the encoder's
 C-level ``add``, and the index <-> value helpers behind the percentile queries.
 

@@ -1,4 +1,5 @@
-"""Per-host statistics: in-flight count, windowed outcomes and latency (no driver import).
+"""Per-host statistics: in-flight count, outcome totals and the sliding latency window
+(no driver import).
 
 One :class:`HostStats` per host. The policy's hot path reads plain attributes without a
 lock (``in_flight``, ``health_penalty``, ``health_state``, ``rack_penalty``); request
@@ -7,19 +8,14 @@ of ``on_success`` / ``on_error`` / ``on_timeout`` / ``on_abandon`` / ``on_unsent
 single acquisition of the host's lock, so no count is ever lost -- also under free-threaded
 CPython, where an unlocked ``x += 1`` can be.
 
-Latency goes into HdrHistograms (``latency_min`` .. ``latency_max`` in microseconds,
-``significant_digits`` precision) over a sliding window of ``intervals`` rotating interval
-histograms; outcome counters rotate with them. The window covers between
-``window - window / intervals`` and ``window`` seconds of the past: the current (partial)
-interval plus the ``intervals - 1`` before it.
-
-Cost on the request path: a sample is written straight into its histogram's counts slot
-(``record_value``'s arithmetic, inlined: as a call it costs ~1-2 us), and the per-request
-events call nothing while they hold the lock (see the note above
-:meth:`HostStats.on_send`). Every HdrHistogram internal used is in :mod:`adaptive_lb._hdr`.
-A host's histograms are allocated on its first latency sample (idle hosts hold none) and
-then reused, ``intervals`` x 10 KiB with the default config. Percentiles are computed only
-by :meth:`HostStats.window_stats` (the health refresh), never per request.
+An outcome is not recorded into the window's histograms on the request path: it is
+appended, under that same lock, to the host's list of events, and the window
+(:class:`adaptive_lb.window.SlidingWindow`) replays the list in order when it is read --
+by :meth:`HostStats.window_stats`, every health refresh -- or when the list reaches
+``EVENTS_LIMIT`` events. Replaying gives exactly what recording each event at once gave
+(the interval boundaries travel in the list as events), while the request path does an
+append instead of the histogram arithmetic, and the replay runs it in one tight loop.
+Percentiles are computed only by :meth:`HostStats.window_stats`, never per request.
 """
 
 from __future__ import annotations
@@ -29,14 +25,19 @@ from collections.abc import Hashable, Iterator, Sequence
 
 from attrs import define, field
 
-from adaptive_lb._hdr import HistogramLayout, Recorder, merge_into, percentile_values
+from adaptive_lb._hdr import percentile_values
 from adaptive_lb.clock import Clock
 from adaptive_lb.config import TrackingConfig
 from adaptive_lb.health_state import HealthState
+from adaptive_lb.window import ERROR, ROTATE, TIMEOUT, SlidingWindow, WindowLayout
 
-__all__ = ["HostStats", "StatsRegistry", "WindowStats"]
+__all__ = ["EVENTS_LIMIT", "HostStats", "StatsRegistry", "WindowStats"]
 
-_NS_PER_US = 1000
+EVENTS_LIMIT = 1024
+"""Events a host keeps before the request that appends the last one replays them itself:
+bounds the list (~40 KiB) when nothing reads the window. With the health refresh running
+(every 200 ms by default) only a host answering over ~5,000 requests a second reaches it;
+the replay then costs that request's thread ~0.3 ms, the work its 1,024 events saved."""
 
 
 @define(frozen=True, slots=True)
@@ -63,80 +64,25 @@ class WindowStats:
         object.__setattr__(self, "error_rate", rate)
 
 
-@define(frozen=True, slots=True)
-class _Layout(HistogramLayout):
-    """A tracking config with the numbers derived from it: the window's interval length and
-    (inherited) the histograms' range and slot arithmetic (every histogram of a host has
-    this layout). :class:`HostStats` publishes one as a single reference, so a reader
-    outside the lock never pairs one config's slot arithmetic with another config's
-    histograms."""
-
-    config: TrackingConfig
-    alpha: float
-    interval_ns: int
-
-    @classmethod
-    def for_config(cls, config: TrackingConfig) -> _Layout:
-        """The layout of ``config``."""
-        min_us = max(1, round(config.latency_min * 1e6))
-        max_us = max(min_us + 1, round(config.latency_max * 1e6))
-        return cls.of(
-            min_us,
-            max_us,
-            config.significant_digits,
-            config=config,
-            alpha=config.ewma_alpha,
-            interval_ns=max(1, round(config.window * 1e9 / config.intervals)),
-        )
-
-    def clamp_us(self, latency_ns: int) -> int:
-        """``latency_ns`` in microseconds, clamped to the histograms' range."""
-        value = latency_ns // _NS_PER_US
-        if value < self.min_us:
-            return self.min_us
-        if value > self.max_us:
-            return self.max_us
-        return value
-
-
-class _Interval(Recorder):
-    """One slice of the window: outcome counters, and the latency samples recorded into a
-    histogram (allocated on the first sample, then reused; see :class:`Recorder`)."""
-
-    __slots__ = ("errors", "successes", "timeouts")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.successes = 0
-        self.errors = 0
-        self.timeouts = 0
-
-    def clear(self) -> None:
-        """Forget every count (the histogram is kept for reuse)."""
-        self.successes = self.errors = self.timeouts = 0
-        super().clear()
-
-
 class HostStats:
     """Live statistics of one host. See the module docstring for the threading contract.
 
     Public attributes read without a lock: ``in_flight``, ``health_penalty``,
     ``health_state`` (the last two written only by the health model), ``rack_penalty``
-    (written only by the policy), the ``*_total`` counters, ``underflows`` and ``ewma_s``.
+    (written only by the policy), the ``*_total`` counters and ``underflows``.
     """
 
     __slots__ = (
         "__weakref__",
         "_clock_now",
-        "_current",
         "_deadline_ns",
-        "_intervals",
-        "_layout",
+        "_events",
         "_lock",
         "_penalty_after_probe",
+        "_replay_lock",
+        "_window",
         "abandons_total",
         "errors_total",
-        "ewma_s",
         "health_penalty",
         "health_state",
         "in_flight",
@@ -159,8 +105,6 @@ class HostStats:
         """Score multiplier for the host's rack, written by the policy that owns these
         statistics: 1 in the client's rack (or when none is known), else
         ``non_local_rack_penalty`` x the rack's proximity factor (read lock-free)."""
-        self.ewma_s: float | None = None
-        """Smoothed latency in seconds, updated per sample: cheap to read between refreshes."""
         self.requests_total = 0
         """Attempts that ended with an outcome since creation (Prometheus counter)."""
         self.errors_total = 0
@@ -177,34 +121,45 @@ class HostStats:
         (:meth:`start_probe`; 0: no probe)."""
         self._penalty_after_probe = 1.0
         self._lock = threading.Lock()
+        """Guards the counters above and the events list (the request path's lock)."""
+        self._replay_lock = threading.Lock()
+        """Serialises replays (taken before ``_lock``, never after it): batches of events
+        reach the window in the order they were taken."""
         self._clock_now = clock.now_ns
-        self._configure(config)
+        self._configure(config, None)
 
-    def _configure(self, config: TrackingConfig) -> None:
-        # Caller holds the lock (or is __init__). The layout and the intervals laid out by
-        # it are replaced together: readers outside the lock only ever see one layout.
-        layout = _Layout.for_config(config)
-        self._intervals = [_Interval() for _ in range(config.intervals)]
-        self._current = 0
+    def _configure(self, config: TrackingConfig, ewma_s: float | None) -> None:
+        # Caller holds both locks (or is __init__): the events recorded for the old window
+        # are dropped with it.
+        layout = WindowLayout.for_config(config)
+        self._window = SlidingWindow(layout, ewma_s)
+        self._events: list[int | tuple[int, int | None]] = []
         self._deadline_ns = self._clock_now() + layout.interval_ns
-        self._layout = layout
 
     def reconfigure(self, config: TrackingConfig) -> None:
         """Adopt a new window / histogram layout (the window starts empty; in-flight,
         totals and the EWMA carry over)."""
-        with self._lock:
-            self._configure(config)
+        with self._replay_lock:
+            window = self._replay()
+            with self._lock:
+                self._configure(config, window.ewma_s)
 
     @property
     def config(self) -> TrackingConfig:
         """The tracking config in force."""
-        return self._layout.config
+        return self._window.layout.config
+
+    @property
+    def ewma_s(self) -> float | None:
+        """Smoothed latency in seconds (None before the first sample), over every sample
+        recorded so far (the events are replayed first)."""
+        return self.replay().ewma_s
 
     # ---------------------------------------------------------------- lifecycle
     #
-    # The two per-request events, on_send and on_success, call nothing while they hold the
-    # lock (the sample's histogram slot is computed before it is taken; only an interval's
-    # rotation or first sample makes a call) and take it with ``with``. Under the GIL a
+    # The per-request events call nothing while they hold the lock (list.append is not a
+    # call to the interpreter: it never lets another thread in; only an interval's
+    # deadline makes a call, once per interval) and take it with ``with``. Under the GIL a
     # thread is switched out only where the interpreter checks for it, at calls and loop
     # jumps; a switch while the lock is held makes every other thread that wants it block,
     # and each hand-over then costs a futex wait and wake. With ``acquire()`` (a call: a
@@ -222,78 +177,31 @@ class HostStats:
 
     def on_success(self, latency_ns: int) -> None:
         """The attempt got a response; its latency counts."""
-        # The most frequent event of all: _settle() and _record() are inlined here, with
-        # _Layout.clamp_us, HistogramLayout.slot_of and Recorder.add (Python calls saved,
-        # ~0.1 us each); keep them in step (test_stats pins this copy to hdrh's own
-        # record_value and to _record).
         now = self._clock_now()
-        # One read of the layout: the slot below is computed for it, and written only if
-        # it is still the layout in force once the lock is held (a reload publishes a new
-        # layout, with new intervals, under the lock).
-        layout = self._layout
-        value = latency_ns // _NS_PER_US
-        if value < layout.min_us:
-            value = layout.min_us
-        elif value > layout.max_us:
-            value = layout.max_us
-        bucket = (value | layout.sub_bucket_mask).bit_length() - layout.bucket_shift
-        slot = (
-            ((bucket + 1) << layout.sub_bucket_half_magnitude)
-            + (value >> (bucket + layout.unit_magnitude))
-            - layout.sub_bucket_half
-        )
-        seconds = value / 1e6
         with self._lock:
             if self.in_flight > 0:
                 self.in_flight -= 1
             else:
                 self.underflows += 1
-            if now >= self._deadline_ns:
-                self._rotate(now)  # once per interval
-            interval = self._intervals[self._current]
-            interval.successes += 1
             self.requests_total += 1
-            counts = interval.counts
-            if counts is None or self._layout is not layout:
-                # The interval's first sample (its histogram is allocated), or a
-                # reconfigure changed the layout since the slot was computed.
-                self._record(interval, latency_ns)
-            else:
-                counts[slot] += 1
-                interval.samples += 1
-                if value > interval.max_us:
-                    interval.max_us = value
-                if value < interval.min_us:
-                    interval.min_us = value
-                ewma = self.ewma_s
-                self.ewma_s = seconds if ewma is None else ewma + layout.alpha * (seconds - ewma)
+            if now >= self._deadline_ns:
+                self._mark_rotation(now)  # once per interval
+            events = self._events
+            events.append(latency_ns)
+        if len(events) >= EVENTS_LIMIT:
+            self.replay()
 
     def on_error(self, latency_ns: int, *, fast: bool = True) -> None:
         """The attempt failed. A *fast* error (overloaded, unavailable, broken connection)
         does not enter the latency statistics: a node that fails fast must never look fast.
         A slow one (``fast=False``: the host made us wait before failing, e.g. a server-side
         timeout) does."""
-        now = self._clock_now()
-        with self._lock:
-            interval = self._settle(now)
-            interval.errors += 1
-            self.errors_total += 1
-            if self.probe_left:
-                self._end_probe()
-            if not fast:
-                self._record(interval, latency_ns)
+        self._settle((ERROR, None if fast else latency_ns))
 
     def on_timeout(self, latency_ns: int) -> None:
         """The attempt timed out (client side, or the coordinator reported a timeout); it
         took at least ``latency_ns``, which is recorded."""
-        now = self._clock_now()
-        with self._lock:
-            interval = self._settle(now)
-            interval.timeouts += 1
-            self.timeouts_total += 1
-            if self.probe_left:
-                self._end_probe()
-            self._record(interval, latency_ns)
+        self._settle((TIMEOUT, latency_ns))
 
     def on_abandon(self) -> None:
         """The attempt is released without an outcome (another attempt won, or shutdown)."""
@@ -327,11 +235,24 @@ class HostStats:
             self.probe_left = requests
             self.health_penalty = penalty if requests > 0 else after
 
-    # The helpers below run with the lock held.
+    # The helpers below, but _settle and replay, run with the lock held.
 
-    def _end_probe(self) -> None:
-        self.probe_left = 0
-        self.health_penalty = self._penalty_after_probe
+    def _settle(self, event: tuple[int, int | None]) -> None:
+        """Release an attempt that failed (an error or timeout ``event``): it ends a probe."""
+        now = self._clock_now()
+        with self._lock:
+            self._release()
+            self.requests_total += 1
+            if event[0] == TIMEOUT:
+                self.timeouts_total += 1
+            else:
+                self.errors_total += 1
+            if self.probe_left:
+                self.probe_left = 0
+                self.health_penalty = self._penalty_after_probe
+            if now >= self._deadline_ns:
+                self._mark_rotation(now)
+            self._events.append(event)
 
     def _release(self) -> None:
         if self.in_flight > 0:
@@ -339,79 +260,58 @@ class HostStats:
         else:
             self.underflows += 1
 
-    def _settle(self, now: int) -> _Interval:
-        """Release an attempt that ended with an outcome at ``now``: the interval that
-        counts it."""
-        self._release()
-        if now >= self._deadline_ns:
-            self._rotate(now)
-        self.requests_total += 1
-        return self._intervals[self._current]
-
-    def _record(self, interval: _Interval, latency_ns: int) -> None:
-        """Clamp the latency to the histograms' range and count it in ``interval`` (its
-        histogram allocated on its first sample), then update the EWMA."""
-        layout = self._layout
-        value = layout.clamp_us(latency_ns)
-        counts = interval.counts
-        if counts is None:
-            counts = interval.allocate(layout)
-        interval.add(counts, layout.slot_of(value), value)
-        seconds = value / 1e6
-        ewma = self.ewma_s
-        self.ewma_s = seconds if ewma is None else ewma + layout.alpha * (seconds - ewma)
-
-    def _rotate(self, now: int) -> None:
-        """Move to the interval that contains ``now``, clearing every interval skipped on
-        the way (after ``window`` seconds of idleness, that is all of them)."""
-        interval_ns = self._layout.interval_ns
-        elapsed = (now - self._deadline_ns) // interval_ns + 1
-        intervals = self._intervals
-        count = len(intervals)
-        for _ in range(min(elapsed, count)):
-            self._current = (self._current + 1) % count
-            intervals[self._current].clear()
-        self._deadline_ns += elapsed * interval_ns
+    def _mark_rotation(self, now: int) -> None:
+        """The window moves to the interval that contains ``now`` (an event in the list)."""
+        interval_ns = self._window.layout.interval_ns
+        steps = (now - self._deadline_ns) // interval_ns + 1
+        self._deadline_ns += steps * interval_ns
+        self._events.append((ROTATE, steps))
 
     # ---------------------------------------------------------------- reading
 
-    def window_stats(self, percentiles: Sequence[float] = (50.0, 95.0, 99.0)) -> WindowStats:
-        """Counts and latency percentiles over the window. Under the host's lock the
-        counters are summed and the interval histograms merged into a scratch histogram
-        (a C-level add per interval, a few us each); the percentiles are read outside it."""
-        now = self._clock_now()
-        # Allocated before taking the lock when the host has ever recorded a sample.
-        layout = self._layout
-        scratch = layout.new_histogram() if self.ewma_s is not None else None
+    def replay(self) -> SlidingWindow:
+        """Bring the window up to date with the events recorded so far; the window."""
+        with self._replay_lock:
+            return self._replay()
+
+    def _replay(self) -> SlidingWindow:
+        # Caller holds the replay lock: the list is taken under the request path's lock
+        # (an O(1) swap) and replayed outside it.
         with self._lock:
-            if now >= self._deadline_ns:
-                self._rotate(now)
-            successes = errors = timeouts = samples = 0
-            for interval in self._intervals:
-                successes += interval.successes
-                errors += interval.errors
-                timeouts += interval.timeouts
-                histogram = interval.synced_histogram()
-                if histogram is not None:
-                    if scratch is None or self._layout is not layout:
-                        # The first sample since, or a reconfigure raced us.
-                        layout = self._layout
-                        scratch = layout.new_histogram()
-                    merge_into(scratch, histogram)
-                    samples += interval.samples
-            ewma = self.ewma_s
-            in_flight = self.in_flight
-        if scratch is not None and samples:
-            values = percentile_values(scratch, percentiles)
+            events = self._events
+            # Always a new list: one still in place (even empty now) keeps being appended
+            # to, so it must never be replayed.
+            self._events = []
+            window = self._window
+        if events:
+            window.replay(events)
+        return window
+
+    def window_stats(self, percentiles: Sequence[float] = (50.0, 95.0, 99.0)) -> WindowStats:
+        """Counts and latency percentiles over the window, with every event recorded so far
+        replayed; the window first moves to the interval of now. The intervals' histograms
+        are merged into a scratch histogram (a C-level add per interval, a few us each)
+        under the replay lock; the percentiles are read outside it."""
+        now = self._clock_now()
+        with self._replay_lock:
+            with self._lock:
+                if now >= self._deadline_ns:
+                    self._mark_rotation(now)
+            window = self._replay()
+            counts = window.counts(None)
+            ewma = window.ewma_s
+        in_flight = self.in_flight
+        if counts.histogram is not None:
+            values = percentile_values(counts.histogram, percentiles)
             latency = {float(p): values[p] / 1e6 if p in values else None for p in percentiles}
         else:
             latency = {float(p): None for p in percentiles}
         return WindowStats(
-            requests=successes + errors + timeouts,
-            successes=successes,
-            errors=errors,
-            timeouts=timeouts,
-            samples=samples,
+            requests=counts.successes + counts.errors + counts.timeouts,
+            successes=counts.successes,
+            errors=counts.errors,
+            timeouts=counts.timeouts,
+            samples=counts.samples,
             latency=latency,
             ewma=ewma,
             in_flight=in_flight,

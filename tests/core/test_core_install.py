@@ -254,7 +254,12 @@ def test_yaml_config(tmp_path, model):
 
 def test_driver_free_modules_do_not_import_the_driver():
     """The scoring, health and statistics code needs no driver."""
-    for module in ("adaptive_lb.scoring", "adaptive_lb.health", "adaptive_lb.stats"):
+    for module in (
+        "adaptive_lb.scoring",
+        "adaptive_lb.health",
+        "adaptive_lb.stats",
+        "adaptive_lb.window",
+    ):
         result = run_python(f"import sys, {module}\nprint('cassandra' in sys.modules)")
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == "False", module

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import TrackingConfig
 from adaptive_lb.health_state import HealthState
-from adaptive_lb.stats import HostStats, StatsRegistry, WindowStats
+from adaptive_lb.stats import EVENTS_LIMIT, HostStats, StatsRegistry, WindowStats
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -171,8 +171,8 @@ def test_latency_is_clamped_to_the_histogram_range():
 def test_recording_matches_hdrh_record_value(
     values_us: list[int], digits: int, latency_min: float, timeouts: bool
 ) -> None:
-    """Both recordings -- on_success's inlined copy and _record (timeouts, slow errors, an
-    interval's first sample) -- fill the same slots as HdrHistogram.record_value."""
+    """Both recordings -- the replay's inlined copy for successes and _record (timeouts,
+    slow errors) -- fill the same slots as HdrHistogram.record_value."""
     stats, _ = make(latency_min=latency_min, latency_max=60.0, significant_digits=digits)
     low, high = round(latency_min * 1e6), 60_000_000
     reference = HdrHistogram(low, high, digits, word_size=4)
@@ -183,7 +183,7 @@ def test_recording_matches_hdrh_record_value(
         else:
             stats.on_success(value * 1000)
         assert reference.record_value(min(max(value, low), high))
-    interval = stats._intervals[stats._current]  # white box: the slots themselves
+    interval = stats.replay().current_interval()  # white box: the slots themselves
     histogram = interval.synced_histogram()
     assert histogram is not None
     assert bytes(histogram.counts) == bytes(reference.counts)
@@ -265,7 +265,7 @@ def test_interval_histograms_are_reused_not_reallocated():
     for step in range(200):
         succeed(stats, (step % 50 + 1) * MS)
         clock.advance_s(0.1)
-        seen.update(id(i.histogram) for i in stats._intervals if i.histogram is not None)
+        seen.update(id(h) for h in stats.replay().histograms() if h is not None)
     assert len(seen) == 4  # one histogram per interval, for ever
 
 
@@ -274,7 +274,7 @@ def test_idle_hosts_hold_no_histogram():
     stats.on_send()
     stats.on_error(MS, fast=True)
     stats.window_stats()
-    assert all(i.histogram is None for i in stats._intervals)
+    assert all(h is None for h in stats.replay().histograms())
 
 
 def test_reconfigure_restarts_the_window_and_keeps_totals():
@@ -287,6 +287,25 @@ def test_reconfigure_restarts_the_window_and_keeps_totals():
     stats.on_success(5 * MS)
     window = stats.window_stats()
     assert window.samples == 1 and window.latency[50.0] == pytest.approx(0.005, rel=0.001)
+
+
+def test_outcomes_wait_as_events_until_the_window_is_read():
+    stats, _ = make()
+    succeed(stats, 5 * MS, 10)
+    assert len(stats._events) == 10  # white box: nothing recorded on the request path
+    assert stats.window_stats().successes == 10
+    assert stats._events == []
+
+
+def test_unread_events_are_replayed_by_the_request_that_fills_the_list():
+    stats, _ = make()
+    total = 3 * EVENTS_LIMIT + 5
+    for index in range(total):
+        succeed(stats, (index % 7 + 1) * MS)
+        assert len(stats._events) < EVENTS_LIMIT
+    assert len(stats._events) == 3 * EVENTS_LIMIT + 5 - 3 * EVENTS_LIMIT
+    window = stats.window_stats()
+    assert (window.successes, window.samples) == (total, total)
 
 
 # ----------------------------------------------------------------- concurrency
@@ -302,7 +321,6 @@ def test_no_lost_counts_under_many_threads():
     outcomes = ("success", "error", "slow_error", "timeout", "abandon", "unsent")
     expected = {(k, o): 0 for k in keys for o in outcomes}
     expected_lock = threading.Lock()
-    start = threading.Barrier(threads_count)
 
     def worker(seed: int) -> None:
         rng = random.Random(seed)
@@ -332,7 +350,15 @@ def test_no_lost_counts_under_many_threads():
             for k, v in counts.items():
                 expected[k] += v
 
+    def reader() -> None:  # replays racing the appends, as the health refresh does
+        start.wait()
+        while any(t.is_alive() for t in threads):
+            for key in keys:
+                registry.get(key).window_stats()
+
     threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(threads_count)]
+    reading = threading.Thread(target=reader)
+    start = threading.Barrier(threads_count + 1)
     # Switch threads as often as the interpreter allows: the most interleaving of the
     # lifecycle calls and of the rotations they trigger.
     interval = sys.getswitchinterval()
@@ -340,8 +366,10 @@ def test_no_lost_counts_under_many_threads():
     try:
         for t in threads:
             t.start()
+        reading.start()
         for t in threads:
             t.join()
+        reading.join()
     finally:
         sys.setswitchinterval(interval)
     assert len(registry) == len(keys)
