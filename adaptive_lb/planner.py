@@ -8,10 +8,11 @@
    transactions get the deterministic ring order instead;
 4. then the rest of the child's plan, without the hosts already yielded, each host once.
 
-When no replica could lose to a non-replica (the common case), the best replica is yielded
-before the other candidates are even scored. An exception inside the algorithm is counted
-and answered with the child's plan; an exception raised by the child itself reaches the
-caller, as it would without adaptive-lb.
+When no non-replica can beat the best replica -- none could (the common case when idle), or
+none of the plan's fill hosts does (under load) -- the best replica is yielded before the
+other candidates are ordered: the driver usually asks for one host. An exception inside the
+algorithm is counted and answered with the child's plan; an exception raised by the child
+itself reaches the caller, as it would without adaptive-lb.
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ from adaptive_lb.config import Config, RackLearningConfig
 from adaptive_lb.counting import counter_value
 from adaptive_lb.locality import resolve_local_rack
 from adaptive_lb.replicas import ReplicaResolver
-from adaptive_lb.scoring import HostView, best_replica, order_lwt, rank
+from adaptive_lb.scoring import (
+    HostView,
+    best_replica,
+    fill_hosts,
+    lowest_score,
+    order,
+    order_lwt,
+    rank,
+)
 from adaptive_lb.topology import TopologyBook
 
 if TYPE_CHECKING:
@@ -207,11 +216,23 @@ class Planner:
                         record.lwt = True
                 elif replicas:
                     best, best_score = best_replica(replicas)
-                    if (
-                        record is None
-                        and best_score < settings.non_replica_penalty * topology.min_rack_penalty
-                    ):
-                        # No non-replica can beat it: yielded before the others are scored.
+                    fill: list[HostView[HostStats]] | None = None
+                    first = False
+                    if record is None:
+                        # The best replica goes first, before the others are ordered, when
+                        # no non-replica can beat it: none at all (the common case when
+                        # idle), or none of this plan's fill hosts (under load).
+                        first = (
+                            best_score < settings.non_replica_penalty * topology.min_rack_penalty
+                        )
+                        if not first:
+                            fill = fill_hosts(
+                                self._fill_pool(local, allowed),
+                                settings.sample_size - len(replicas),
+                                replicas,
+                            )
+                            first = best_score < lowest_score(fill, settings.non_replica_penalty)
+                    if first:
                         yielded = {id(best.host)}
                         next(decisions["replica"])
                         yield best.host
@@ -219,13 +240,13 @@ class Planner:
                         others.remove(best)  # C-level, by identity first
                     else:
                         others = replicas
-                    ordered = rank(
-                        others,
-                        self._fill_pool(local, allowed),
-                        settings.sample_size - len(replicas),
-                        replicas,
-                        settings.non_replica_penalty,
-                    )
+                    if fill is None:
+                        fill = fill_hosts(
+                            self._fill_pool(local, allowed),
+                            settings.sample_size - len(replicas),
+                            replicas,
+                        )
+                    ordered = order(others, fill, settings.non_replica_penalty)
                     position = None  # known once ordered: see below
                 else:
                     ordered = rank(

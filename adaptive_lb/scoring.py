@@ -37,6 +37,9 @@ __all__ = [
     "HostView",
     "HostWindow",
     "best_replica",
+    "fill_hosts",
+    "lowest_score",
+    "order",
     "order_lwt",
     "penalty_of",
     "rank",
@@ -105,7 +108,8 @@ class HostWindow(Protocol[_T_co]):
 
 
 # The score formula lives in this module only. score_of() is its reference form (used by
-# decision records and tests); best_replica() and rank() inline the same expression, since a
+# decision records and tests); best_replica(), lowest_score() and order() inline the same
+# expression, since a
 # call per candidate would cost ~0.1 us on the hot path. tests/unit/test_scoring.py checks
 # that their orders are score_of's.
 
@@ -150,12 +154,57 @@ def rank(
     non_replica_penalty: float,
 ) -> list[HostView[_Load]]:
     """Order ``replicas`` and up to ``fill_count`` fill hosts from ``local`` by ascending
-    score, the fill hosts scored with ``non_replica_penalty``.
+    score, the fill hosts scored with ``non_replica_penalty``: :func:`order` of
+    :func:`fill_hosts`."""
+    return order(replicas, fill_hosts(local, fill_count, exclude), non_replica_penalty)
+
+
+def fill_hosts(
+    local: HostWindow[HostView[_Load]], fill_count: int, exclude: Sequence[HostView[_Load]]
+) -> list[HostView[_Load]]:
+    """Up to ``fill_count`` hosts of ``local`` not in ``exclude``: a window of ``local``
+    starting at a random offset.
 
     ``local`` must hold candidates only, in a random order (``Topology.local`` is shuffled
-    when a snapshot is built). The fill is a window of ``local`` starting at a random offset,
-    skipping hosts in ``exclude``: random across plans for one ``random()`` call, where
-    ``random.sample`` costs ~4 us for 8 of 45 on this machine.
+    when a snapshot is built), so the window is random across plans for one ``random()``
+    call, where ``random.sample`` costs ~4 us for 8 of 45 on this machine; its order is
+    random too.
+    """
+    fill: list[HostView[_Load]] = []
+    n = len(local)
+    if fill_count > 0 and n:
+        offset = int(random() * n)
+        # Two C-level slices: cheaper than index arithmetic per host.
+        for view in local[offset:] + local[:offset] if offset else local:
+            if view not in exclude:
+                fill.append(view)
+                fill_count -= 1
+                if not fill_count:
+                    break
+    return fill
+
+
+def lowest_score(fill: Sequence[HostView[_Load]], non_replica_penalty: float) -> float:
+    """The lowest score among the fill hosts ``fill`` (scored as non-replicas); infinity
+    when there is none."""
+    lowest = _INFINITY
+    for view in fill:
+        stats = view.stats
+        score = (
+            (stats.in_flight + 1) * stats.rack_penalty * stats.health_penalty * non_replica_penalty
+        )
+        if score < lowest:
+            lowest = score
+    return lowest
+
+
+def order(
+    replicas: Sequence[HostView[_Load]],
+    fill: Sequence[HostView[_Load]],
+    non_replica_penalty: float,
+) -> list[HostView[_Load]]:
+    """``replicas`` and the fill hosts ``fill`` (from :func:`fill_hosts`, scored with
+    ``non_replica_penalty``) by ascending score.
 
     Exact ties among replicas are broken uniformly at random (a jitter of
     :data:`TIE_JITTER`). Ties among fill hosts keep their window order (the sort is
@@ -175,25 +224,17 @@ def rank(
                 view,
             )
         )
-    n = len(local)
-    if fill_count > 0 and n:
-        offset = int(random() * n)
-        # Two C-level slices: cheaper than index arithmetic per host.
-        for view in local[offset:] + local[:offset] if offset else local:
-            if view not in exclude:
-                stats = view.stats
-                append(
-                    (
-                        (stats.in_flight + 1)
-                        * stats.rack_penalty
-                        * stats.health_penalty
-                        * non_replica_penalty,
-                        view,
-                    )
-                )
-                fill_count -= 1
-                if not fill_count:
-                    break
+    for view in fill:
+        stats = view.stats
+        append(
+            (
+                (stats.in_flight + 1)
+                * stats.rack_penalty
+                * stats.health_penalty
+                * non_replica_penalty,
+                view,
+            )
+        )
     keyed.sort(key=_first)
     return [view for _, view in keyed]
 

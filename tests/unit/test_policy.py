@@ -94,6 +94,48 @@ def test_loaded_replica_moves_behind_its_peers(cluster_3dc):
         assert plan.index(loaded) > 2
 
 
+def test_under_load_the_first_host_comes_before_ordering_and_the_plan_is_unchanged(
+    cluster_3dc, monkeypatch
+):
+    """Under load no replica scores below every possible non-replica, so the planner checks
+    this plan's fill hosts: when none beats the best replica, that replica is yielded
+    before the candidates are ordered. The plan is the one ordering every candidate gives
+    (a recorded plan always orders all of them)."""
+    import adaptive_lb.planner
+    from adaptive_lb.planner import PlanRecord
+
+    calls = collections.Counter()
+    real_order = adaptive_lb.planner.order
+
+    def counted_order(*args):
+        calls["order"] += 1
+        return real_order(*args)
+
+    monkeypatch.setattr(adaptive_lb.planner, "order", counted_order)
+    policy = populated(cluster_3dc, TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
+    rng = random.Random(11)
+    hosts = list(cluster_3dc.metadata.all_hosts())
+    early = 0
+    for key in murmur3_routing_keys(300, seed=12):
+        # Distinct loads, so that no order depends on a tie-break; the lightest replica is
+        # at 11 in flight or more: no better than 12 x an idle non-replica's (0 + 1).
+        for host, load in zip(hosts, rng.sample(range(11, 200), len(hosts)), strict=True):
+            policy.stats.get(host).in_flight = load
+        replicas = local_replicas(cluster_3dc, key)
+        calls.clear()
+        lazy = policy.make_query_plan("ks", statement(key))
+        first = next(lazy)
+        if first in replicas:
+            assert calls["order"] == 0  # yielded before the candidates were ordered
+            early += 1
+        plan = [first, *lazy]
+        assert calls["order"] == 1
+        assert plan == list(policy._planner.plan("ks", statement(key), PlanRecord()))
+    assert early > 250
+    for host in hosts:
+        policy.stats.get(host).in_flight = 0
+
+
 def test_unhealthy_host_sinks(cluster_3dc):
     policy = populated(cluster_3dc, TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
     key = murmur3_routing_keys(1, seed=4)[0]

@@ -8,7 +8,15 @@ import collections
 import pytest
 from attrs import define
 
-from adaptive_lb.scoring import HostView, best_replica, order_lwt, rank, score_of
+from adaptive_lb.scoring import (
+    HostView,
+    best_replica,
+    fill_hosts,
+    lowest_score,
+    order_lwt,
+    rank,
+    score_of,
+)
 
 NON_REPLICA = 12.0
 
@@ -132,3 +140,19 @@ def test_hot_loops_order_by_score_of():
         assert best_score == pytest.approx(scores[best.host], rel=1e-8)
         ordered = hosts(rank(replicas, fill, len(fill), (), NON_REPLICA))
         assert ordered == sorted(scores, key=scores.__getitem__)
+        fill_scores = [scores[v.host] for v in fill]
+        assert lowest_score(fill, NON_REPLICA) == (min(fill_scores) if fill else float("inf"))
+
+
+def test_fill_hosts_is_a_random_window_without_the_excluded():
+    local = views("abcdef")
+    seen_first = collections.Counter()
+    for _ in range(600):
+        fill = fill_hosts(local, 3, local[:2])
+        names = hosts(fill)
+        assert len(names) == 3 and not {"a", "b"} & set(names)
+        ring = "cdef" * 2  # a window of local's order, wrapping around
+        assert "".join(names) in ring
+        seen_first[names[0]] += 1
+    assert set(seen_first) == {"c", "d", "e", "f"}
+    assert fill_hosts(local, 0, ()) == [] and fill_hosts((), 3, ()) == []
