@@ -123,7 +123,9 @@ class SlidingWindow:
     def replay(self, events: Iterable[int | tuple[int, int | None]]) -> None:
         """Apply ``events`` (see the module docstring), in order."""
         # Successes are the bulk: their recording is inlined (HistogramLayout.slot_of and
-        # Recorder.add); test_window and test_stats pin it to hdrh's record_value.
+        # Recorder.add, with the interval's counters kept in locals until the interval
+        # changes or the events end); test_window and test_stats pin it to hdrh's
+        # record_value.
         layout = self.layout
         min_us, max_us, alpha = layout.min_us, layout.max_us, layout.alpha
         mask, shift = layout.sub_bucket_mask, layout.bucket_shift
@@ -132,9 +134,10 @@ class SlidingWindow:
         interval = self._intervals[self._current]
         counts = interval.counts
         ewma = self.ewma_s
+        successes = 0
+        low, high = interval.min_us, interval.max_us
         for event in events:
             if type(event) is int:
-                interval.successes += 1
                 value = event // _NS_PER_US
                 if value < min_us:
                     value = min_us
@@ -144,29 +147,40 @@ class SlidingWindow:
                     counts = interval.allocate(layout)
                 bucket = (value | mask).bit_length() - shift
                 counts[((bucket + 1) << half_magnitude) + (value >> (bucket + unit)) - half] += 1
-                interval.samples += 1
-                if value > interval.max_us:
-                    interval.max_us = value
-                if value < interval.min_us:
-                    interval.min_us = value
-                seconds = value / 1e6
-                ewma = seconds if ewma is None else ewma + alpha * (seconds - ewma)
+                successes += 1
+                if value > high:
+                    high = value
+                if value < low:
+                    low = value
+                if ewma is None:
+                    ewma = value / 1e6
+                else:
+                    ewma += alpha * (value / 1e6 - ewma)
                 continue
+            # Any other event: the interval's counters are brought up to date first.
+            interval.successes += successes
+            interval.samples += successes
+            interval.min_us, interval.max_us = low, high
+            successes = 0
             tag, latency_ns = event  # type: ignore[misc]
             if tag == ROTATE:
                 self._rotate(latency_ns or 0)
                 interval = self._intervals[self._current]
                 counts = interval.counts
-                continue
-            if tag == TIMEOUT:
-                interval.timeouts += 1
             else:
-                interval.errors += 1
-            if latency_ns is not None:
-                self.ewma_s = ewma
-                self._record(interval, latency_ns)
-                ewma = self.ewma_s
-                counts = interval.counts
+                if tag == TIMEOUT:
+                    interval.timeouts += 1
+                else:
+                    interval.errors += 1
+                if latency_ns is not None:
+                    self.ewma_s = ewma
+                    self._record(interval, latency_ns)
+                    ewma = self.ewma_s
+                    counts = interval.counts
+            low, high = interval.min_us, interval.max_us
+        interval.successes += successes
+        interval.samples += successes
+        interval.min_us, interval.max_us = low, high
         self.ewma_s = ewma
 
     def _record(self, interval: _Interval, latency_ns: int) -> None:
