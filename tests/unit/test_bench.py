@@ -104,3 +104,20 @@ def test_the_floor_yields_the_first_local_replica_of_each_key():
             assert host is local[0]
     finally:
         model.shutdown()
+
+
+def test_plan_under_load_reports_each_case(capsys):
+    """benchmarks/plan_under_load.py runs and reports each case it documents."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "benchmarks" / "plan_under_load.py"
+    spec = importlib.util.spec_from_file_location("plan_under_load", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--rounds", "1", "--in-flight", "20"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result) == {"stock_us", "adaptive_idle_us", "adaptive_loaded_us", "in_flight"}
+    assert result["in_flight"] == 20
+    assert all(result[k] > 0 for k in ("stock_us", "adaptive_idle_us", "adaptive_loaded_us"))
