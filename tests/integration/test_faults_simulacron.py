@@ -178,7 +178,14 @@ def _expected(record: logging.LogRecord) -> bool:
         if "adaptive_lb" in tb.tb_frame.f_code.co_filename:
             return False  # raised through the library
         tb = tb.tb_next
-    return record.levelno < logging.WARNING and isinstance(exc, (OSError, ConnectionException))
+    if not isinstance(exc, (OSError, ConnectionException)):
+        return False
+    if record.levelno < logging.WARNING:
+        return True
+    # The driver re-creating a pool while the test drops that node's connections, so the
+    # new connection is closed in its handshake (seen once in CI: a WARNING with the
+    # ConnectionShutdown attached). The driver's own handling of the injected fault.
+    return text.startswith("failed to create connection pool for new host")
 
 
 class capture_logs:
