@@ -21,9 +21,9 @@ States (:class:`HealthState`):
   timeout is not an answer) for ``stall_timeout``. Wins over SLOW. Penalty
   ``penalties.erroring``, or ``penalties.stalled`` for a stall. Fast errors never enter
   the latency histogram (see :mod:`adaptive_lb.stats`), so a node failing fast is caught
-  here and never looks fast. A
-  stall needs no sample count: a node paused by a long GC answers nothing, and the few
-  requests caught on it time out far too slowly to reach ``min_samples``.
+  here and never looks fast. A stall needs no sample count: a node paused by a long GC
+  answers nothing, and the few requests caught on it time out far too slowly to reach
+  ``min_samples``.
 * WARMING -- the host came back (up again:
   :meth:`~adaptive_lb.health.HealthModel.mark_up`, or recovered from SLOW / ERRORING). Its
   penalty decays from ``penalties.warming`` to ``penalties.healthy`` (1) over

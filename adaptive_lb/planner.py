@@ -31,15 +31,7 @@ from adaptive_lb.config import Config, RackLearningConfig
 from adaptive_lb.counting import counter_value
 from adaptive_lb.locality import resolve_local_rack
 from adaptive_lb.replicas import ReplicaResolver
-from adaptive_lb.scoring import (
-    HostView,
-    best_replica,
-    fill_hosts,
-    lowest_score,
-    order,
-    order_lwt,
-    rank,
-)
+from adaptive_lb.scoring import HostView, best_replica, fill_hosts, lowest_score, order, order_lwt
 from adaptive_lb.topology import TopologyBook
 
 if TYPE_CHECKING:
@@ -226,11 +218,7 @@ class Planner:
                             best_score < settings.non_replica_penalty * topology.min_rack_penalty
                         )
                         if not first:
-                            fill = fill_hosts(
-                                self._fill_pool(local, allowed),
-                                settings.sample_size - len(replicas),
-                                replicas,
-                            )
+                            fill = self._fill(local, allowed, replicas, settings.sample_size)
                             first = best_score < lowest_score(fill, settings.non_replica_penalty)
                     if first:
                         yielded = {id(best.host)}
@@ -241,17 +229,11 @@ class Planner:
                     else:
                         others = replicas
                     if fill is None:
-                        fill = fill_hosts(
-                            self._fill_pool(local, allowed),
-                            settings.sample_size - len(replicas),
-                            replicas,
-                        )
+                        fill = self._fill(local, allowed, replicas, settings.sample_size)
                     ordered = order(others, fill, settings.non_replica_penalty)
                     position = None  # known once ordered: see below
                 else:
-                    ordered = rank(
-                        (), self._fill_pool(local, allowed), settings.sample_size, (), 1.0
-                    )
+                    ordered = order((), self._fill(local, allowed, (), settings.sample_size), 1.0)
                     position = "local"
                 if record is not None:
                     record.candidates = ordered
@@ -321,10 +303,16 @@ class Planner:
             and all(p(view.host) for p in predicates)
         ]
 
-    def _fill_pool(
-        self, local: tuple[HostView[HostStats], ...], allowed: set[int] | None
-    ) -> tuple[HostView[HostStats], ...] | list[HostView[HostStats]]:
-        # The hosts the fill may come from: the local candidates the child would yield.
-        if allowed is None and not self.chain.predicates:
-            return local
-        return self._eligible(local, allowed)
+    def _fill(
+        self,
+        local: tuple[HostView[HostStats], ...],
+        allowed: set[int] | None,
+        replicas: Sequence[HostView[HostStats]],
+        sample_size: int,
+    ) -> list[HostView[HostStats]]:
+        """The plan's fill hosts: up to ``sample_size`` candidates in all with ``replicas``,
+        from the local candidates the child would yield (:func:`fill_hosts`)."""
+        pool: tuple[HostView[HostStats], ...] | list[HostView[HostStats]] = local
+        if allowed is not None or self.chain.predicates:
+            pool = self._eligible(local, allowed)
+        return fill_hosts(pool, sample_size - len(replicas), replicas)

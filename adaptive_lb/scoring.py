@@ -42,7 +42,6 @@ __all__ = [
     "order",
     "order_lwt",
     "penalty_of",
-    "rank",
     "score_of",
 ]
 
@@ -98,7 +97,7 @@ class HostView(Generic[_Load_co]):
 
 
 class HostWindow(Protocol[_T_co]):
-    """What :func:`rank` needs of its fill pool: a tuple or a list (sliced and concatenated
+    """What :func:`fill_hosts` needs of its fill pool: a tuple or a list (sliced and concatenated
     with itself, where a ``Sequence`` need not support ``+``)."""
 
     def __len__(self) -> int: ...
@@ -109,9 +108,8 @@ class HostWindow(Protocol[_T_co]):
 
 # The score formula lives in this module only. score_of() is its reference form (used by
 # decision records and tests); best_replica(), lowest_score() and order() inline the same
-# expression, since a
-# call per candidate would cost ~0.1 us on the hot path. tests/unit/test_scoring.py checks
-# that their orders are score_of's.
+# expression, since a call per candidate would cost ~0.1 us on the hot path.
+# tests/unit/test_scoring.py checks that their results are score_of's.
 
 
 def penalty_of(view: HostView[HostLoad], is_replica: bool, non_replica_penalty: float) -> float:
@@ -144,19 +142,6 @@ def best_replica(replicas: Sequence[HostView[_Load]]) -> tuple[HostView[_Load], 
             best_score = score
             best = view
     return best, best_score
-
-
-def rank(
-    replicas: Sequence[HostView[_Load]],
-    local: HostWindow[HostView[_Load]],
-    fill_count: int,
-    exclude: Sequence[HostView[_Load]],
-    non_replica_penalty: float,
-) -> list[HostView[_Load]]:
-    """Order ``replicas`` and up to ``fill_count`` fill hosts from ``local`` by ascending
-    score, the fill hosts scored with ``non_replica_penalty``: :func:`order` of
-    :func:`fill_hosts`."""
-    return order(replicas, fill_hosts(local, fill_count, exclude), non_replica_penalty)
 
 
 def fill_hosts(

@@ -204,10 +204,10 @@ class SlidingWindow:
             self._current = (self._current + 1) % count
             intervals[self._current].clear()
 
-    def counts(self, scratch: HdrHistogram | None) -> WindowCounts:
-        """The counters summed over the intervals, and their histograms merged into
-        ``scratch`` (a fresh histogram of this layout, or None to have one made when there
-        is a sample)."""
+    def counts(self) -> WindowCounts:
+        """The counters summed over the intervals, and their histograms merged into a new
+        histogram of this layout (made only when there is a sample)."""
+        scratch: HdrHistogram | None = None
         successes = errors = timeouts = samples = 0
         for interval in self._intervals:
             successes += interval.successes

@@ -74,7 +74,6 @@ def test_plan_stages_fall_back_to_the_childs_plan(setup, captured_logs, monkeypa
     if stage == "replica lookup":
         monkeypatch.setattr(ReplicaResolver, "replicas", _raise)
     else:
-        monkeypatch.setattr(adaptive_lb.planner, "rank", _raise)
         monkeypatch.setattr(adaptive_lb.planner, "order", _raise)
     keys = murmur3_routing_keys(PLANS, seed=3)
     _plans_match_the_child(policy, keys)

@@ -13,8 +13,8 @@ from adaptive_lb.scoring import (
     best_replica,
     fill_hosts,
     lowest_score,
+    order,
     order_lwt,
-    rank,
     score_of,
 )
 
@@ -28,6 +28,11 @@ class Load:
     in_flight: int = 0
     rack_penalty: float = 1.0
     health_penalty: float = 1.0
+
+
+def rank(replicas, local, fill_count, exclude, non_replica_penalty) -> list[HostView]:
+    """Replicas and fill hosts in score order, composed as the planner composes them."""
+    return order(replicas, fill_hosts(local, fill_count, exclude), non_replica_penalty)
 
 
 def views(names: str, **load: float) -> list[HostView]:

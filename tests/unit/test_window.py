@@ -100,11 +100,11 @@ def test_counts_sum_the_intervals_and_merge_their_samples() -> None:
     layout = WindowLayout.for_config(TrackingConfig(intervals=3))
     window = SlidingWindow(layout)
     window.replay([1_000_000, 2_000_000, (ERROR, None), (ROTATE, 1), (TIMEOUT, 5_000_000)])
-    counts = window.counts(None)
+    counts = window.counts()
     assert (counts.successes, counts.errors, counts.timeouts, counts.samples) == (2, 1, 1, 3)
     assert counts.histogram is not None and counts.histogram.get_total_count() == 3
     window.replay([(ROTATE, 3)])  # a whole window later: empty, histograms kept for reuse
-    counts = window.counts(None)
+    counts = window.counts()
     assert (counts.successes, counts.errors, counts.timeouts, counts.samples) == (0, 0, 0, 0)
     assert counts.histogram is None
     assert sum(h is not None for h in window.histograms()) == 2
