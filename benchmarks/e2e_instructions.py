@@ -161,7 +161,7 @@ def total_instructions(out: Path) -> int:
 def function_costs(out: Path) -> dict[str, int]:
     """Exclusive instructions per function (``callgrind_annotate``)."""
     text = subprocess.run(
-        ["callgrind_annotate", "--threshold=100", str(out)],
+        ["callgrind_annotate", "--auto=no", "--threshold=100", str(out)],
         capture_output=True,
         text=True,
         check=True,
@@ -271,6 +271,7 @@ def report(args: argparse.Namespace, names: list[str], results: Any, driver: str
     print("| variant | path | instructions / request | added vs stock | % of stock |")
     print("| --- | --- | --- | --- | --- |")
     summary = []
+    tops = []
     for name in names:
         for path, runs in results[name].items():
             values = [r["per_request"] for r in runs]
@@ -284,14 +285,13 @@ def report(args: argparse.Namespace, names: list[str], results: Any, driver: str
             )
             summary.append({"variant": name, "path": path, "per_request": values})
             if args.top and name != "stock":
-                deltas = {
-                    f: runs[0]["functions"].get(f, 0) - stock_runs[0]["functions"].get(f, 0)
-                    for f in set(runs[0]["functions"]) | set(stock_runs[0]["functions"])
-                }
+                mine, theirs = runs[0]["functions"], stock_runs[0]["functions"]
+                deltas = {f: mine.get(f, 0) - theirs.get(f, 0) for f in set(mine) | set(theirs)}
                 top = sorted(deltas.items(), key=lambda kv: -abs(kv[1]))[: args.top]
                 summary[-1]["top_functions"] = top
-                for function, delta in top:
-                    print(f"|  | {delta:+,.0f} | {function[:90]} | | |")
+                tops.append(f"\n{name} ({path}) vs stock, first pair, instructions per request:")
+                tops += [f"  {delta:+9,.0f}  {function}" for function, delta in top]
+    print("\n".join(tops))
     if args.out is not None:
         args.out.write_text(json.dumps({"driver": driver, "results": summary}, indent=2))
 
