@@ -13,11 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from adaptive_lb import _extensions
-
-_extensions.honour_environment()  # before any module that may be compiled is imported
-
-from adaptive_lb.config import Config, ConfigError  # noqa: E402
+from adaptive_lb.config import Config, ConfigError
 
 if TYPE_CHECKING:
     from adaptive_lb.attachment import Attachment, attach

@@ -37,6 +37,7 @@ from cassandra.protocol import (
 
 from adaptive_lb._driver import FUTURE_POLICY_ATTRIBUTE, hook_future
 from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
+from adaptive_lb.stats import HostStats
 from adaptive_lb.tracing import current_recording_span
 
 __all__ = [
@@ -97,7 +98,7 @@ def outcome_of(response: Any) -> str:
     return CONNECTION_ERROR
 
 
-class _Attempts(dict):  # id(host) -> (HostStats, sent ns); a C type's base is a plain dict
+class _Attempts(dict[int, tuple[HostStats, int]]):
     """The outstanding attempts of one ResponseFuture: ``id(host) -> (its HostStats, send
     time in ns)``. Usually one, more with speculative executions or a retry racing a late
     response.

@@ -11,8 +11,8 @@ the same ``_e2e.Variant``) under ``valgrind --tool=callgrind`` twice, with ``--s
 ``--large`` requests after the same warm-up, and reports ``(Ir(large) - Ir(small)) /
 (large - small)``: instructions per request, with start-up, connection and warm-up
 cancelled out. The two runs of a pair go in parallel (valgrind runs ~50x slower; counts do
-not care). Variants that run adaptive-lb code are measured on both paths of the optional
-compiled hot path: ``compiled`` (as installed) and ``pure`` (``ADAPTIVE_LB_PURE_PYTHON=1``).
+not care). ``--top N`` lists the functions (C level: the interpreter, the driver's compiled
+modules) whose instructions per request differ most from stock's.
 
 Determinism: ``PYTHONHASHSEED=0`` and one BLAS thread. What still moves between runs --
 the interpreter's method cache and allocator state, the driver's event loop reading one
@@ -40,7 +40,6 @@ from typing import Any
 
 import _e2e
 
-PATHS = ("compiled", "pure")
 REFRESH_EVERY = 1000
 
 
@@ -122,11 +121,8 @@ def child(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------
 
 
-def counted(args: argparse.Namespace, name: str, path: str, requests: int, out: Path) -> None:
+def counted(args: argparse.Namespace, name: str, requests: int, out: Path) -> None:
     env = dict(os.environ, PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1")
-    env.pop("ADAPTIVE_LB_PURE_PYTHON", None)
-    if path == "pure":
-        env["ADAPTIVE_LB_PURE_PYTHON"] = "1"
     command = [
         "valgrind",
         "--tool=callgrind",
@@ -148,7 +144,7 @@ def counted(args: argparse.Namespace, name: str, path: str, requests: int, out: 
     ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
     if done.returncode:
-        raise RuntimeError(f"{name} ({path}, {requests}): {done.stderr[-2000:]}")
+        raise RuntimeError(f"{name} ({requests} requests): {done.stderr[-2000:]}")
 
 
 def total_instructions(out: Path) -> int:
@@ -179,11 +175,11 @@ def function_costs(out: Path) -> dict[str, int]:
     return costs
 
 
-def measure(args: argparse.Namespace, name: str, path: str, folder: Path) -> dict[str, Any]:
+def measure(args: argparse.Namespace, name: str, folder: Path) -> dict[str, Any]:
     """One pair of runs: instructions per request, and per function."""
-    small, large = folder / f"{name}-{path}-small.out", folder / f"{name}-{path}-large.out"
+    small, large = folder / f"{name}-small.out", folder / f"{name}-large.out"
     runs = [
-        threading.Thread(target=counted, args=(args, name, path, n, out))
+        threading.Thread(target=counted, args=(args, name, n, out))
         for n, out in ((args.small, small), (args.large, large))
     ]
     errors: list[BaseException] = []
@@ -242,25 +238,24 @@ def main(argv: list[str] | None = None) -> None:
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     if names[0] != "stock":
         sys.exit("--variants must start with stock (the reference)")
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    results: dict[str, list[dict[str, Any]]] = {}
     with _e2e.Sim() as sim, tempfile.TemporaryDirectory(prefix="e2e-instr-") as tmp:
         args.contact_points = ",".join(sim.setup_cluster())
         for repeat in range(args.repeats):
             for name in names:
-                for path in PATHS if name != "stock" else ("compiled",):
-                    result = measure(args, name, path, Path(tmp))
-                    results.setdefault(name, {}).setdefault(path, []).append(result)
-                    print(
-                        f"repeat {repeat + 1}: {name} ({path}) "
-                        f"{result['per_request']:,.0f} instructions per request",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                result = measure(args, name, Path(tmp))
+                results.setdefault(name, []).append(result)
+                print(
+                    f"repeat {repeat + 1}: {name} "
+                    f"{result['per_request']:,.0f} instructions per request",
+                    file=sys.stderr,
+                    flush=True,
+                )
     report(args, names, results, driver_name())
 
 
 def report(args: argparse.Namespace, names: list[str], results: Any, driver: str) -> None:
-    stock_runs = results["stock"]["compiled"]
+    stock_runs = results["stock"]
     stock = statistics.median(r["per_request"] for r in stock_runs)
     print(
         f"{driver}, Python {sys.version.split()[0]}; Simulacron {_e2e.NODES} nodes, RF {_e2e.RF}; "
@@ -268,29 +263,25 @@ def report(args: argparse.Namespace, names: list[str], results: Any, driver: str
         f"(Ir({args.large}) - Ir({args.small})) / {args.large - args.small}, "
         f"median of {args.repeats} pair(s)\n"
     )
-    print("| variant | path | instructions / request | added vs stock | % of stock |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| variant | instructions / request | added vs stock | % of stock |")
+    print("| --- | --- | --- | --- |")
     summary = []
     tops = []
     for name in names:
-        for path, runs in results[name].items():
-            values = [r["per_request"] for r in runs]
-            value = statistics.median(values)
-            spread = f" ({min(values):,.0f}-{max(values):,.0f})" if len(values) > 1 else ""
-            added = value - stock
-            label = "-" if name == "stock" else path
-            print(
-                f"| {name} | {label} | {value:,.0f}{spread} | {added:+,.0f} "
-                f"| {added / stock:+.1%} |"
-            )
-            summary.append({"variant": name, "path": path, "per_request": values})
-            if args.top and name != "stock":
-                mine, theirs = runs[0]["functions"], stock_runs[0]["functions"]
-                deltas = {f: mine.get(f, 0) - theirs.get(f, 0) for f in set(mine) | set(theirs)}
-                top = sorted(deltas.items(), key=lambda kv: -abs(kv[1]))[: args.top]
-                summary[-1]["top_functions"] = top
-                tops.append(f"\n{name} ({path}) vs stock, first pair, instructions per request:")
-                tops += [f"  {delta:+9,.0f}  {function}" for function, delta in top]
+        runs = results[name]
+        values = [r["per_request"] for r in runs]
+        value = statistics.median(values)
+        spread = f" ({min(values):,.0f}-{max(values):,.0f})" if len(values) > 1 else ""
+        added = value - stock
+        print(f"| {name} | {value:,.0f}{spread} | {added:+,.0f} | {added / stock:+.1%} |")
+        summary.append({"variant": name, "per_request": values})
+        if args.top and name != "stock":
+            mine, theirs = runs[0]["functions"], stock_runs[0]["functions"]
+            deltas = {f: mine.get(f, 0) - theirs.get(f, 0) for f in set(mine) | set(theirs)}
+            top = sorted(deltas.items(), key=lambda kv: -abs(kv[1]))[: args.top]
+            summary[-1]["top_functions"] = top
+            tops.append(f"\n{name} vs stock, first pair, instructions per request:")
+            tops += [f"  {delta:+9,.0f}  {function}" for function, delta in top]
     print("\n".join(tops))
     if args.out is not None:
         args.out.write_text(json.dumps({"driver": driver, "results": summary}, indent=2))

@@ -4,6 +4,9 @@ behaviour check on a tiny run; no figure is asserted)."""
 from __future__ import annotations
 
 import json
+import shutil
+
+import pytest
 
 from adaptive_lb import bench
 
@@ -121,3 +124,31 @@ def test_plan_under_load_reports_each_case(capsys):
     assert set(result) == {"stock_us", "adaptive_idle_us", "adaptive_loaded_us", "in_flight"}
     assert result["in_flight"] == 20
     assert all(result[k] > 0 for k in ("stock_us", "adaptive_idle_us", "adaptive_loaded_us"))
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_e2e_instructions_reads_a_real_callgrind_profile(tmp_path, monkeypatch):
+    """benchmarks/e2e_instructions.py reads callgrind's total and its per-function counts
+    (the interpreter's loop among them), which add up to the total."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    benchmarks = Path(__file__).parents[2] / "benchmarks"
+    monkeypatch.syspath_prepend(str(benchmarks))
+    spec = importlib.util.spec_from_file_location(
+        "e2e_instructions", benchmarks / "e2e_instructions.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "callgrind.out"
+    command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable]
+    subprocess.run(
+        [*command, "-S", "-c", "sum(range(100000))"], check=True, capture_output=True, timeout=300
+    )
+    total = module.total_instructions(out)
+    costs = module.function_costs(out)
+    assert total > 1_000_000
+    assert any("_PyEval_EvalFrameDefault" in name for name in costs)
+    assert 0.9 * total <= sum(costs.values()) <= total
