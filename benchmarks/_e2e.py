@@ -115,6 +115,8 @@ VARIANTS = {
     "stock-hooked": "diagnostic: stock, each future hooked as tracking does, attempts ignored "
     "(what the hook alone costs)",
     "stock-listener": "diagnostic: stock with a request-init listener that does nothing",
+    "stock-reclassed": "diagnostic: stock, each future given the hook's attribute and switched "
+    "to a subclass that overrides nothing (the hook without its method calls)",
     "stock-tracked": "diagnostic: stock routing, each attempt tracked into a side adaptive "
     "policy's statistics (tracking's cost without its routing)",
     "stock-shuffled": "diagnostic: TokenAwarePolicy(..., shuffle_replicas=True): stock that "
@@ -180,6 +182,17 @@ class Variant:
                 self.session.add_request_init_listener(lambda f: hook_future(f, ignored))
             elif name == "stock-listener":
                 self.session.add_request_init_listener(lambda f: None)
+            elif name == "stock-reclassed":
+                from cassandra.cluster import ResponseFuture
+
+                class Reclassed(ResponseFuture):
+                    __slots__ = ()
+
+                def reclass(future: Any) -> None:
+                    future._adaptive_lb_attempts = None
+                    future.__class__ = Reclassed
+
+                self.session.add_request_init_listener(reclass)
             elif name == "stock-tracked":
                 from adaptive_lb._driver import hook_future
                 from adaptive_lb.tracking import _Attempts

@@ -27,7 +27,8 @@ Variants, each with its own Cluster and Session created once up front and warmed
 Diagnostic variants (not run by default; they split ``adaptive``'s cost): ``adaptive-untracked``
 (the plan without tracking), ``stock-tracked`` (stock routing, attempts tracked into a side
 policy's statistics), ``stock-hooked`` (futures hooked, attempts ignored),
-``stock-listener`` (a request-init listener doing nothing) and ``stock-shuffled``
+``stock-listener`` (a request-init listener doing nothing), ``stock-reclassed`` (the hook's
+attribute and class switch, no overridden method) and ``stock-shuffled``
 (``shuffle_replicas=True``).
 
 Timing: ``--rounds`` rounds; in each, every variant runs ``--seconds`` once, in a shuffled
