@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -176,35 +177,23 @@ def function_costs(out: Path) -> dict[str, int]:
 
 
 def measure(args: argparse.Namespace, name: str, folder: Path) -> dict[str, Any]:
-    """One pair of runs: instructions per request, and per function."""
+    """One pair of runs, side by side: instructions per request, and per function (only
+    with ``--top``: ``callgrind_annotate`` is slow on these profiles)."""
     small, large = folder / f"{name}-small.out", folder / f"{name}-large.out"
-    runs = [
-        threading.Thread(target=counted, args=(args, name, n, out))
-        for n, out in ((args.small, small), (args.large, large))
-    ]
-    errors: list[BaseException] = []
-    for run in runs:
-        run.run = _catching(run.run, errors)  # type: ignore[method-assign]
-        run.start()
-    for run in runs:
-        run.join()
-    if errors:
-        raise errors[0]
+    with ThreadPoolExecutor(2) as pool:
+        runs = [
+            pool.submit(counted, args, name, n, out)
+            for n, out in ((args.small, small), (args.large, large))
+        ]
+        for run in runs:
+            run.result()  # raises what the run raised
     span = args.large - args.small
     per_request = (total_instructions(large) - total_instructions(small)) / span
-    a, b = function_costs(small), function_costs(large)
-    functions = {f: (b.get(f, 0) - a.get(f, 0)) / span for f in set(a) | set(b)}
+    functions: dict[str, float] = {}
+    if args.top:
+        a, b = function_costs(small), function_costs(large)
+        functions = {f: (b.get(f, 0) - a.get(f, 0)) / span for f in set(a) | set(b)}
     return {"per_request": per_request, "functions": functions}
-
-
-def _catching(run: Any, errors: list[BaseException]) -> Any:
-    def wrapped() -> None:
-        try:
-            run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    return wrapped
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -215,7 +204,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--small", type=int, default=1000, help="requests, short run")
     parser.add_argument("--large", type=int, default=3000, help="requests, long run")
     parser.add_argument("--warmup", type=int, default=300, help="requests before counting")
-    parser.add_argument("--repeats", type=int, default=1, help="pairs per variant and path")
+    parser.add_argument("--repeats", type=int, default=1, help="pairs per variant")
     parser.add_argument("--concurrency", type=int, default=32, help="requests in flight")
     parser.add_argument("--keys", type=int, default=100_000, help="distinct partition keys")
     parser.add_argument(

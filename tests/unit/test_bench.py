@@ -3,12 +3,29 @@ behaviour check on a tiny run; no figure is asserted)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from adaptive_lb import bench
+
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+
+
+def _benchmark(name: str) -> ModuleType:
+    """A script of benchmarks/, imported as a module (one importing _e2e needs BENCHMARKS
+    on sys.path first)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_a_tiny_run_writes_json_and_markdown(tmp_path, capsys):
@@ -84,17 +101,11 @@ def test_scale_compares_two_sizes_in_the_same_rounds():
 def test_the_floor_yields_the_first_local_replica_of_each_key():
     """benchmarks/plan_floor.py's floor does the work it claims: its host is a local replica
     of the key in the driver's own token map (so it is a fair lower bound, not a no-op)."""
-    import importlib.util
-    from pathlib import Path
-
     from cassandra.query import SimpleStatement
 
     from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
 
-    path = Path(__file__).parents[2] / "benchmarks" / "plan_floor.py"
-    spec = importlib.util.spec_from_file_location("plan_floor", path)
-    plan_floor = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plan_floor)
+    plan_floor = _benchmark("plan_floor")
 
     model = build_cluster({"dc1": [2, 2, 2], "dc2": [2, 2, 2]}, vnodes=4, seed=1)
     try:
@@ -111,14 +122,7 @@ def test_the_floor_yields_the_first_local_replica_of_each_key():
 
 def test_plan_under_load_reports_each_case(capsys):
     """benchmarks/plan_under_load.py runs and reports each case it documents."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    path = Path(__file__).parents[2] / "benchmarks" / "plan_under_load.py"
-    spec = importlib.util.spec_from_file_location("plan_under_load", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark("plan_under_load")
     assert module.main(["--rounds", "1", "--in-flight", "20"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result) == {"stock_us", "adaptive_idle_us", "adaptive_loaded_us", "in_flight"}
@@ -130,18 +134,8 @@ def test_plan_under_load_reports_each_case(capsys):
 def test_e2e_instructions_reads_a_real_callgrind_profile(tmp_path, monkeypatch):
     """benchmarks/e2e_instructions.py reads callgrind's total and its per-function counts
     (the interpreter's loop among them), which add up to the total."""
-    import importlib.util
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    benchmarks = Path(__file__).parents[2] / "benchmarks"
-    monkeypatch.syspath_prepend(str(benchmarks))
-    spec = importlib.util.spec_from_file_location(
-        "e2e_instructions", benchmarks / "e2e_instructions.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # for its _e2e
+    module = _benchmark("e2e_instructions")
     out = tmp_path / "callgrind.out"
     command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable]
     subprocess.run(
