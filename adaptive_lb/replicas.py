@@ -5,7 +5,8 @@ The driver's ``Metadata.get_replicas`` hashes the routing key (Murmur3), bisects
 but keeps each keyspace's ring as plain token values (a C-level bisect on a miss) and the
 live local replicas of each ring range memoised per topology generation, and caches
 ``(keyspace, routing key) -> ring range`` in a bounded LRU (:class:`ReplicaCache`) cleared
-whenever the driver publishes a new token map object. The keyspace's ring object stands for
+whenever the driver publishes a new token map object -- while that cache pays for itself
+(:mod:`adaptive_lb.replica_cache`). The keyspace's ring object stands for
 the keyspace in the cache key: when the driver replaces the keyspace's replica map (ALTER
 KEYSPACE), a new ring is built, and keys resolved from the old one miss.
 
@@ -15,134 +16,24 @@ replicas are used instead and never cached, since tablets move between hosts.
 
 from __future__ import annotations
 
-import threading
 from bisect import bisect_left
-from collections.abc import Callable
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from adaptive_lb._driver import keyspace_replica_map, tablets_of, token_value_function
-from adaptive_lb.counting import counter_value, new_counter
+from adaptive_lb.replica_cache import ReplicaCache
 from adaptive_lb.scoring import HostView
 from adaptive_lb.topology import Topology
 
 if TYPE_CHECKING:
-    from functools import _lru_cache_wrapper
-
     from adaptive_lb.stats import HostStats
 
 __all__ = ["MAX_CACHED_KEY_BYTES", "ReplicaCache", "ReplicaResolver"]
 
 MAX_CACHED_KEY_BYTES = 256
-"""Routing keys longer than this are resolved without the cache (and counted as misses):
+"""Routing keys longer than this are resolved without the cache (counted as bypassed):
 the cache holds its keys, so its memory is bounded by ``capacity`` x (this + ~200 bytes of
 entry overhead) -- about 1.8 MiB at the default 4,096 entries, where 64 KiB keys would
 otherwise pin 256 MiB. Real partition keys are a few to a few dozen bytes."""
-
-
-class ReplicaCache:
-    """A bounded LRU map, ``lookup(ring, routing_key) -> ring position``, with hit, miss,
-    eviction and invalidation counts.
-
-    It is :func:`functools.lru_cache` around the resolver's ring lookup: the LRU bookkeeping
-    and its counters run in C, without a Python-level lock per lookup (an ``OrderedDict``
-    behind a lock cost ~0.5 us more per miss, and threads convoyed on it). Hits and misses
-    are lru_cache's own exact counts. Evictions are derived: a miss inserts one entry, so
-    they are the misses less the entries held -- one too many where two threads missed the
-    same key at once, or where the lookup raised (a routing key that is not bytes).
-    :meth:`clear` and :meth:`resize` empty the cache and carry the counts over; a lookup
-    racing one of them may go uncounted.
-    """
-
-    __slots__ = (
-        "_bypassed",
-        "_compute",
-        "_counts_lock",
-        "_earlier",
-        "capacity",
-        "invalidations",
-        "lookup",
-    )
-
-    def __init__(self, capacity: int, compute: Callable[[Any, bytes], int]) -> None:
-        if capacity < 0:
-            raise ValueError(f"capacity must be >= 0, got {capacity}")
-        self._compute = compute
-        self._bypassed = new_counter()
-        self._counts_lock = threading.Lock()
-        self._earlier = (0, 0, 0)
-        """(hits, misses, evictions) of the caches that :meth:`clear` / :meth:`resize`
-        replaced or emptied."""
-        self.invalidations = 0
-        self.capacity = capacity
-        self.lookup: _lru_cache_wrapper[int] = lru_cache(maxsize=capacity)(compute)
-        """The cached lookup (the hot path calls it directly)."""
-
-    def uncached(self, ring: Any, routing_key: bytes) -> int:
-        """The lookup without the cache, counted as a miss (keys too long to keep)."""
-        next(self._bypassed)
-        return self._compute(ring, routing_key)
-
-    def _retire(self) -> None:
-        # The lru_cache's counts only: the uncached lookups keep their own counter.
-        info = self.lookup.cache_info()
-        hits, misses, evictions = self._earlier
-        evicted = info.misses - info.currsize if self.capacity else 0
-        self._earlier = (hits + info.hits, misses + info.misses, evictions + evicted)
-
-    def _counts(self) -> tuple[int, int, int]:
-        info = self.lookup.cache_info()
-        hits, misses, evictions = self._earlier
-        evicted = info.misses - info.currsize if self.capacity else 0
-        bypassed = counter_value(self._bypassed)
-        return hits + info.hits, misses + info.misses + bypassed, evictions + evicted
-
-    def clear(self) -> None:
-        """Drop every entry (counted as one invalidation)."""
-        with self._counts_lock:
-            self._retire()
-            self.lookup.cache_clear()
-            self.invalidations += 1
-
-    def resize(self, capacity: int) -> None:
-        """Change the capacity. The cache is emptied (counted as one invalidation): this
-        happens only when a reloaded config changes ``replica_cache_size``."""
-        if capacity < 0:
-            raise ValueError(f"capacity must be >= 0, got {capacity}")
-        with self._counts_lock:
-            self._retire()
-            self.capacity = capacity
-            self.lookup = lru_cache(maxsize=capacity)(self._compute)
-            self.invalidations += 1
-
-    @property
-    def hits(self) -> int:
-        """Lookups answered from the cache."""
-        with self._counts_lock:
-            return self._counts()[0]
-
-    @property
-    def misses(self) -> int:
-        """Lookups that had to bisect the ring."""
-        with self._counts_lock:
-            return self._counts()[1]
-
-    @property
-    def evictions(self) -> int:
-        """Entries dropped to make room (not those dropped by an invalidation)."""
-        with self._counts_lock:
-            return self._counts()[2]
-
-    def __len__(self) -> int:
-        return self.lookup.cache_info().currsize
-
-    @property
-    def hit_ratio(self) -> float:
-        """hits / (hits + misses), 0 when nothing was looked up."""
-        with self._counts_lock:
-            hits, misses, _ = self._counts()
-        total = hits + misses
-        return hits / total if total else 0.0
 
 
 class _KeyspaceRing:
@@ -199,7 +90,6 @@ class ReplicaResolver:
     __slots__ = (
         "_cache",
         "_metadata",
-        "_misses_here",
         "_rings",
         "_tablets",
         "_token_map",
@@ -210,9 +100,6 @@ class ReplicaResolver:
     def __init__(self, metadata: Any, cache_size: int) -> None:
         self._metadata = metadata
         self._cache = ReplicaCache(cache_size, self._ring_position)
-        self._misses_here = threading.local()
-        """``missed``: whether this thread's last lookup computed its answer (lru_cache runs
-        the computation in the calling thread), which tells a decision trace hit from miss."""
         self._token_map: Any = None
         self._token_value: Any = None
         self._rings: dict[str, _KeyspaceRing] = {}
@@ -249,22 +136,27 @@ class ReplicaResolver:
             ring = self._ring(token_map, keyspace)
             if ring is None or not ring.values:
                 return (), False
-        misses_here = self._misses_here
-        misses_here.missed = False
-        if len(routing_key) <= MAX_CACHED_KEY_BYTES:
-            point = self._cache.lookup(ring, routing_key)
+        cache = self._cache
+        hit: bool | None
+        if cache.active and len(routing_key) <= MAX_CACHED_KEY_BYTES:
+            missed_here = cache.missed_here
+            missed_here.missed = False
+            point = cache.lookup(ring, routing_key)
+            hit = not missed_here.missed
         else:
-            point = self._cache.uncached(ring, routing_key)
+            cache.bypass()
+            point = self._ring_position(ring, routing_key)
+            hit = None
         # candidate_views' memo check, inlined: this is the hot path.
         generation, memo = ring.memo
         views = memo[point] if generation == topology.generation else None
         if views is None:
             views = ring.candidate_views(point, topology)
-        return views, not misses_here.missed
+        return views, hit
 
     def _ring_position(self, ring: _KeyspaceRing, routing_key: bytes) -> int:
-        # The cached computation: runs on a miss only, in the calling thread.
-        self._misses_here.missed = True
+        # The cache's computation (on a miss, in the calling thread), or the whole lookup
+        # while the cache stands aside.
         values = ring.values
         point = bisect_left(values, self._token_value(routing_key))
         # Each ring entry ends its range (inclusive); past the last token wraps around.

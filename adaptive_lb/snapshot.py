@@ -174,6 +174,9 @@ class PolicySnapshot:
     """Replica lookups answered by the cache."""
     replica_cache_misses: int = field(metadata=_LIFETIME)
     """Replica lookups the cache could not answer."""
+    replica_cache_bypassed: int = field(metadata=_LIFETIME)
+    """Replica lookups resolved without the cache: it had stepped aside because it hit too
+    rarely to pay, its size is 0, or the key was too long to keep."""
     replica_cache_evictions: int = field(metadata=_LIFETIME)
     """Entries evicted from the full replica cache."""
     replica_cache_invalidations: int = field(metadata=_LIFETIME)
@@ -191,8 +194,9 @@ class PolicySnapshot:
 
     @property
     def replica_cache_hit_ratio(self) -> float:
-        """hits / (hits + misses), 0 before any lookup."""
-        total = self.replica_cache_hits + self.replica_cache_misses
+        """The share of replica lookups the cache answered: hits / (hits + misses +
+        bypassed), 0 before any lookup."""
+        total = self.replica_cache_hits + self.replica_cache_misses + self.replica_cache_bypassed
         return self.replica_cache_hits / total if total else 0.0
 
     @classmethod
@@ -260,6 +264,7 @@ class PolicySnapshot:
             replica_cache_size=len(cache) if cache is not None else 0,
             replica_cache_hits=cache.hits if cache is not None else 0,
             replica_cache_misses=cache.misses if cache is not None else 0,
+            replica_cache_bypassed=cache.bypassed if cache is not None else 0,
             replica_cache_evictions=cache.evictions if cache is not None else 0,
             replica_cache_invalidations=cache.invalidations if cache is not None else 0,
             internal_errors=sum(errors.values()),

@@ -18,7 +18,8 @@ instrument                                 kind                       Prometheus
 ``adaptive_lb.host.rack_penalty``          gauge                      ``..._rack_penalty``
 ``adaptive_lb.decisions``                  counter, ``position``      ``..._decisions_total``
 ``adaptive_lb.replica_cache.hits`` ...     counters (hits, misses,    ``..._replica_cache_*``
-                                           evictions, invalidations)
+                                           bypassed, evictions,
+                                           invalidations)
 ``adaptive_lb.replica_cache.size``         gauge                      ``..._replica_cache_size``
 ``adaptive_lb.plan_fallbacks``             counter                    ``..._plan_fallbacks_total``
 ``adaptive_lb.request_tracking.attached``  gauge (1 / 0)              ``..._tracking_attached``
@@ -169,6 +170,10 @@ def register_otel_metrics(
         counter("adaptive_lb.decisions", [by_key("decisions_by_position", "position")]),
         counter("adaptive_lb.replica_cache.hits", [per_policy(lambda s: s.replica_cache_hits)]),
         counter("adaptive_lb.replica_cache.misses", [per_policy(lambda s: s.replica_cache_misses)]),
+        counter(
+            "adaptive_lb.replica_cache.bypassed",
+            [per_policy(lambda s: s.replica_cache_bypassed)],
+        ),
         counter(
             "adaptive_lb.replica_cache.evictions",
             [per_policy(lambda s: s.replica_cache_evictions)],

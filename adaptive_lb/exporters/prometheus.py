@@ -19,7 +19,7 @@ Families (``_total`` is added by the exposition format to counters):
   (counters), ``adaptive_lb_host_health{state=...}`` (gauge, 1 for the current state and 0
   for the others), ``adaptive_lb_host_penalty`` (gauge);
 - ``adaptive_lb_decisions_total{position=...}``, ``adaptive_lb_replica_cache_hits_total`` /
-  ``_misses_total`` / ``_evictions_total`` / ``_invalidations_total``,
+  ``_misses_total`` / ``_bypassed_total`` / ``_evictions_total`` / ``_invalidations_total``,
   ``adaptive_lb_replica_cache_size`` (gauge), ``adaptive_lb_plan_fallbacks_total`` (internal
   errors answered with the child's plan), ``adaptive_lb_internal_errors_total{stage=...}``
   (every internal error, see :data:`adaptive_lb.errors.ERROR_STAGES`),
@@ -120,6 +120,13 @@ _POLICY_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
         "adaptive_lb_replica_cache_misses",
         "Replica cache misses.",
         "replica_cache_misses",
+    ),
+    (
+        CounterMetricFamily,
+        "adaptive_lb_replica_cache_bypassed",
+        "Replica lookups resolved without the cache (it stepped aside for want of hits, "
+        "its size is 0, or the key was too long).",
+        "replica_cache_bypassed",
     ),
     (
         CounterMetricFamily,

@@ -224,16 +224,20 @@ def test_cache_resized_by_a_reload_starts_empty_and_keeps_its_counts(cluster_3dc
     invalidations = cache.invalidations
     policy.reload(Config(policy=PolicyConfig(replica_cache_size=0)))
     assert cache.invalidations == invalidations + 1 and len(cache) == 0
-    # Size 0: nothing is kept, every lookup misses, nothing is ever evicted.
+    # Size 0: no cache at all; every lookup is resolved without it, nothing is evicted.
+    assert not cache.active
     for key in keys:
         plan = list(policy.make_query_plan("ks", statement(key)))
         assert set(plan[:3]) == set(local_replicas(cluster_3dc, key))
-    assert (cache.hits, cache.misses, cache.evictions, len(cache)) == (4, 8, 0, 0)
+    assert (cache.hits, cache.misses, cache.bypassed, cache.evictions) == (4, 4, 4, 0)
+    assert len(cache) == 0
     policy.reload(Config(policy=PolicyConfig(replica_cache_size=2)))
+    assert cache.active
     for key in keys:
         list(policy.make_query_plan("ks", statement(key)))
-    assert (cache.hits, cache.misses, cache.evictions, len(cache)) == (4, 12, 2, 2)
-    assert cache.hit_ratio == pytest.approx(4 / 16)
+    assert (cache.hits, cache.misses, cache.bypassed, cache.evictions) == (4, 8, 4, 2)
+    assert len(cache) == 2
+    assert cache.hit_ratio == pytest.approx(4 / 16)  # of every lookup
 
 
 def test_cache_counts_are_exact_under_many_threads(cluster_3dc):
@@ -256,9 +260,31 @@ def test_cache_counts_are_exact_under_many_threads(cluster_3dc):
     for thread in threads:
         thread.join()
     cache = policy.replica_cache
-    assert cache.hits + cache.misses == 8 * 2000
+    # ~50 % hits: the cache may step aside part way; every lookup is counted once.
+    assert cache.hits + cache.misses + cache.bypassed == 8 * 2000
     assert cache.hits > 0 and len(cache) == 32
     assert cache.evictions == cache.misses - 32
+
+
+def test_cache_steps_aside_for_keys_it_cannot_hold_and_routing_stays_right(cluster_3dc):
+    policy = populated(
+        cluster_3dc,
+        TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")),
+        Config(policy=PolicyConfig(replica_cache_size=16)),
+    )
+    cache = policy.replica_cache
+    keys = murmur3_routing_keys(6000, seed=15)  # every key once: no hit ever
+    for key in keys:
+        first = next(iter(policy.make_query_plan("ks", statement(key))))
+        assert first in local_replicas(cluster_3dc, key)
+    assert not cache.active and cache.hits == 0 and cache.bypassed > 0
+    assert cache.misses + cache.bypassed == len(keys)
+    # Resolved without it, as with it: the whole plan is unchanged.
+    for key in keys[:200]:
+        plan = list(policy.make_query_plan("ks", statement(key)))
+        assert set(plan[:3]) == set(local_replicas(cluster_3dc, key))
+        assert len(plan) == len(set(plan))
+    assert cache.bypassed == len(keys) + 200 - cache.misses
 
 
 def test_cache_follows_ring_changes(cluster_3dc):
