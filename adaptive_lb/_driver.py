@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attrs import define
+from cassandra.cluster import _NOT_SET
 from cassandra.policies import (
     DCAwareRoundRobinPolicy,
     DefaultLoadBalancingPolicy,
@@ -163,16 +164,23 @@ query plan (its execution profile's policy), on both drivers. Read with ``getatt
 every request, so a name rather than a function (one Python call less)."""
 
 
-_TRACKED_CLASSES: dict[type, type] = {}
+_TRACKED_CLASSES: dict[tuple[type, bool], type] = {}
+"""(a future's class, every_end) -> the class to switch it to."""
+_TRACKED_BASES: dict[type, type] = {}
+"""A tracked class -> the class it tracks."""
 _tracked_classes_lock = threading.Lock()
 
 
-def _tracked_class(base: type[Any]) -> type:
-    """A subclass of ``base`` (``ResponseFuture`` or a user's subclass of it) whose four
-    attempt methods report to ``self._adaptive_lb_attempts`` before doing what ``base``
-    does. Built once per base class: a hooked future then costs one ``__class__``
-    assignment, not four closures (the per-instance alternative costs ~2 us more)."""
-    tracked = _TRACKED_CLASSES.get(base)
+def _tracked_class(cls: type[Any], every_end: bool) -> type:
+    """A subclass of ``cls`` (``ResponseFuture`` or a user's subclass of it) whose attempt
+    methods report to ``self._adaptive_lb_attempts`` around what ``cls`` does (see
+    :func:`hook_future`); for a class that is tracked already, the same for the class it
+    tracks. Built once per (class, ``every_end``): a hooked future then costs one
+    ``__class__`` assignment, not closures (the per-instance alternative costs ~2 us
+    more)."""
+    base: Any = _TRACKED_BASES.get(cls, cls)
+    key = (base, every_end)
+    tracked = _TRACKED_CLASSES.get(key)
     if tracked is not None:
         return tracked
     # The base's own functions, looked up once: cheaper per call than super().
@@ -204,14 +212,14 @@ def _tracked_class(base: type[Any]) -> type:
             return request_id
 
         def _set_result(self: Any, host: Any, connection: Any, pool: Any, response: Any) -> Any:
-            self._adaptive_lb_attempts.answered(host, response)
-            return base_set_result(self, host, connection, pool, response)
-
-        def _set_final_result(self: Any, response: Any) -> Any:
             attempts = self._adaptive_lb_attempts
-            if attempts:  # usually empty by now: the winning response released its attempt
+            attempts.answered(host, response)
+            result = base_set_result(self, host, connection, pool, response)
+            # Usually empty by now: the winning response released its own attempt. When not
+            # (speculative executions still out), the request may have ended in there.
+            if attempts and self._final_result is not _NOT_SET:
                 attempts.ended(None)
-            return base_set_final_result(self, response)
+            return result
 
         def _set_final_exception(self: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
             attempts = self._adaptive_lb_attempts
@@ -219,14 +227,29 @@ def _tracked_class(base: type[Any]) -> type:
                 attempts.ended(response)
             return base_set_final_exception(self, response, *args, **kwargs)
 
-    TrackedResponseFuture.__qualname__ = TrackedResponseFuture.__name__ = f"Tracked{base.__name__}"
+    if every_end:
+
+        class EveryEndResponseFuture(TrackedResponseFuture):
+            __slots__ = ()
+
+            def _set_final_result(self: Any, response: Any) -> Any:
+                attempts = self._adaptive_lb_attempts
+                if attempts:
+                    attempts.ended(None)
+                return base_set_final_result(self, response)
+
+        tracked = EveryEndResponseFuture
+    else:
+        tracked = TrackedResponseFuture
+    tracked.__qualname__ = tracked.__name__ = f"Tracked{base.__name__}"
     with _tracked_classes_lock:
-        tracked = _TRACKED_CLASSES.setdefault(base, TrackedResponseFuture)
-        _TRACKED_CLASSES[tracked] = tracked  # hooking a hooked future keeps its class
+        tracked = _TRACKED_CLASSES.setdefault(key, tracked)
+        _TRACKED_BASES[tracked] = base
+        _TRACKED_CLASSES[(cls, every_end)] = tracked
         return tracked
 
 
-def hook_future(future: Any, attempts: Any) -> None:
+def hook_future(future: Any, attempts: Any, every_end: bool = False) -> None:
     """Observe every attempt ``future`` makes, on whichever thread makes it.
 
     The driver sends each attempt (first try, retry, speculative execution) through
@@ -242,12 +265,22 @@ def hook_future(future: Any, attempts: Any) -> None:
       thread always finds it counted), ``not_sent(host)`` if the driver could not send it;
     * ``answered(host, response)`` when its response (a message, or an exception such as
       ``ConnectionShutdown``) arrives, before the driver acts on it;
-    * ``ended(exception_or_None)`` when the request ends (after the winning response, or
-      on a client-side timeout / final error) while ``attempts`` is truthy (it has
-      attempts outstanding).
+    * ``ended(exception_or_None)``, while ``attempts`` is truthy (it has attempts
+      outstanding), when the request ends: on a client-side timeout or final error, and
+      after the response the request ended with.
 
-    Hooking a future a second time replaces its ``attempts``.
+    A request can also end outside any response: the driver refreshes the schema after a
+    DDL statement, or sets the keyspace of every connection after ``USE``, then calls
+    ``_set_final_result`` from another thread or callback. Tracking needs no call then (an
+    attempt still outstanding is released by its own response, or by the
+    ``ConnectionShutdown`` its connection delivers), so only with ``every_end`` is
+    ``_set_final_result`` overridden too: it is one call from the driver's compiled code
+    into the interpreter per request (~1 us end to end), which only a request span, finished
+    by ``ended``, needs.
+
+    Hooking a future a second time replaces its ``attempts`` (and its class, as
+    ``every_end`` says).
     """
     future._adaptive_lb_attempts = attempts
     cls = type(future)
-    future.__class__ = _TRACKED_CLASSES.get(cls) or _tracked_class(cls)
+    future.__class__ = _TRACKED_CLASSES.get((cls, every_end)) or _tracked_class(cls, every_end)

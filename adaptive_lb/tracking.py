@@ -226,7 +226,9 @@ class RequestTracker:
         if attempts is None:
             attempts = _Attempts()
             attempts.policy = policy
-        hook_future(future, attempts)
+            hook_future(future, attempts)
+        else:  # a request span ends with its request, even one that ends outside a response
+            hook_future(future, attempts, every_end=True)
 
     def close(self) -> None:
         """Stop tracking new requests (requests already hooked are still released when

@@ -10,7 +10,9 @@ does, then runs each variant's client (the same closed loop of ``--concurrency``
 the same ``_e2e.Variant``) under ``valgrind --tool=callgrind`` twice, with ``--small`` and
 ``--large`` requests after the same warm-up, and reports ``(Ir(large) - Ir(small)) /
 (large - small)``: instructions per request, with start-up, connection and warm-up
-cancelled out. The two runs of a pair go in parallel (valgrind runs ~50x slower; counts do
+cancelled out. The warm-up (6,000 requests by default) takes the replica cache past the
+verdict it reaches on itself after ~5,100 lookups, so the counts are its steady state. The
+two runs of a pair go in parallel (valgrind runs ~50x slower; counts do
 not care). ``--top N`` lists the functions (C level: the interpreter, the driver's compiled
 modules) whose instructions per request differ most from stock's.
 
@@ -203,7 +205,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--variants", default="stock,adaptive,adaptive-untracked,stock-tracked")
     parser.add_argument("--small", type=int, default=1000, help="requests, short run")
     parser.add_argument("--large", type=int, default=3000, help="requests, long run")
-    parser.add_argument("--warmup", type=int, default=300, help="requests before counting")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=6000,
+        help="requests before counting (past the replica cache's verdict, ~5,100 lookups)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="pairs per variant")
     parser.add_argument("--concurrency", type=int, default=32, help="requests in flight")
     parser.add_argument("--keys", type=int, default=100_000, help="distinct partition keys")

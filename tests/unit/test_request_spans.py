@@ -275,7 +275,9 @@ def test_a_failing_observe_leaves_the_request_tracked(monkeypatch):
 
     monkeypatch.setattr(telemetry, "observe", broken)
     hooked = []
-    monkeypatch.setattr("adaptive_lb.tracking.hook_future", lambda f, a: hooked.append(a))
+    monkeypatch.setattr(
+        "adaptive_lb.tracking.hook_future", lambda f, a, every_end=False: hooked.append(a)
+    )
     future = future_for(SimpleStatement(TEXT, keyspace="ks"))
     future._load_balancer = policy
     tracker._on_request(future)
