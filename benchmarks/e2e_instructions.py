@@ -1,7 +1,7 @@
 """What wrapping the policy costs a request, in CPU instructions counted by valgrind: the real
 driver against Simulacron, end to end, with figures that do not depend on the machine's load.
 
-    python benchmarks/e2e_instructions.py                          # ~4 min
+    python benchmarks/e2e_instructions.py                          # ~14 min (~3.5 per variant)
     python benchmarks/e2e_instructions.py --variants stock,adaptive --repeats 3 --top 15
 
 Timing on a shared 2-core VM moves by +-25 % (``e2e_overhead.py`` needs 20 interleaved rounds
@@ -19,7 +19,7 @@ modules) whose instructions per request differ most from stock's.
 Determinism: ``PYTHONHASHSEED=0`` and one BLAS thread. What still moves -- the
 interpreter's method cache and allocator state, the driver's event loop reading one
 response or several per wake-up -- is ~0.3 % of stock's count between the pairs of a run
-(``--repeats`` shows it) and up to ~1 % between runs: compare variants within one run. The
+(``--repeats`` shows it) and up to ~1.5 % between runs: compare variants within one run. The
 health refresh runs every 1,000 requests from the client itself, not on its 200 ms timer
 (under valgrind a timer would fire ~50x as often per request). Instructions are not time:
 stock's CPU per request over its instructions is ~0.32 ns per instruction here, and

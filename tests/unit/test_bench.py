@@ -130,6 +130,30 @@ def test_plan_under_load_reports_each_case(capsys):
     assert all(result[k] > 0 for k in ("stock_us", "adaptive_idle_us", "adaptive_loaded_us"))
 
 
+def test_plan_cold_times_each_policy_warm_and_cold():
+    """benchmarks/plan_cold.py times stock and adaptive-lb with the caches warm and evicted,
+    on plans that route to a replica."""
+    module = _benchmark("plan_cold")
+    result = module.measure(rounds=1, plans=200, evict_kib=64)
+    assert set(result) == {"hot", "cold"}
+    for row in result.values():
+        assert set(row) == {"stock", "adaptive", "added"}
+        assert row["added"] == pytest.approx(row["adaptive"] - row["stock"], abs=0.011)
+    made = module.policies()
+    assert made["adaptive"].decisions_by_position["replica"] == 20_000
+    assert not made["adaptive"].replica_cache.active  # warmed past the cache's verdict
+
+
+def test_replica_cache_benchmark_times_hit_miss_and_bypass(capsys):
+    """benchmarks/replica_cache.py reports the three cases and the break-even they imply."""
+    module = _benchmark("replica_cache")
+    assert module.main(["--rounds", "1", "--lookups", "2000"]) == 0
+    out = capsys.readouterr()
+    result = json.loads(out.err.strip().splitlines()[-1])
+    assert {"hit", "miss", "bypassed", "break_even_hit_ratio"} <= set(result)
+    assert "| hit | miss | bypassed |" in out.out
+
+
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 def test_e2e_instructions_reads_a_real_callgrind_profile(tmp_path, monkeypatch):
     """benchmarks/e2e_instructions.py reads callgrind's total and its per-function counts

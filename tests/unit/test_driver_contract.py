@@ -80,3 +80,13 @@ def test_tablets_attribute_matches_the_driver():
         assert callable(tablets.get_tablet_for_key)
     else:
         assert tablets is None
+
+
+def test_response_future_internals_the_hook_uses():
+    from cassandra.cluster import _NOT_SET, ResponseFuture
+
+    # The hook overrides these four and, after _set_result, tells whether the request ended
+    # by _final_result leaving its "not set" sentinel (the class default).
+    for name in ("_query", "_set_result", "_set_final_result", "_set_final_exception"):
+        assert callable(getattr(ResponseFuture, name)), name
+    assert ResponseFuture._final_result is _NOT_SET

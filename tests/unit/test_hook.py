@@ -64,6 +64,14 @@ class Recorded(_Attempts):
     def __bool__(self):
         return True  # like a request span's attempts: hears every end
 
+    @classmethod
+    def hooked(cls, future, policy):
+        """A Recorded attempts object of ``policy``, hooked on ``future`` with every_end."""
+        attempts = cls.of(policy)
+        attempts.ends = []
+        hook_future(future, attempts, every_end=True)
+        return attempts
+
 
 def setup():
     model = build_cluster({"dc1": [2, 2, 2]}, seed=3, real_cluster=False)
@@ -106,9 +114,7 @@ def test_a_request_ended_outside_a_response_releases_its_loser_when_it_answers()
 def test_every_end_hears_a_request_that_ends_outside_a_response():
     (first, *_), policy = setup()
     future = new_future(policy)
-    attempts = Recorded.of(policy)
-    attempts.ends = []
-    hook_future(future, attempts, every_end=True)
+    attempts = Recorded.hooked(future, policy)
     future._query(first)
     future._set_result(first, None, None, SCHEMA_CHANGE)
     assert attempts.ends == []
@@ -120,9 +126,7 @@ def test_every_end_hears_a_request_that_ends_outside_a_response():
 def test_every_end_hears_the_end_once_when_a_response_ends_it():
     (first, *_), policy = setup()
     future = new_future(policy)
-    attempts = Recorded.of(policy)
-    attempts.ends = []
-    hook_future(future, attempts, every_end=True)
+    attempts = Recorded.hooked(future, policy)
     future._query(first)
     future._set_result(first, None, None, ResultMessage(2))
     assert len(attempts.ends) >= 1  # Recorded is always truthy: the post-check hears it too
