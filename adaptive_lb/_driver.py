@@ -239,9 +239,11 @@ def _tracked_class(cls: type[Any], every_end: bool) -> type:
                 return base_set_final_result(self, response)
 
         tracked = EveryEndResponseFuture
+        name = f"TrackedEveryEnd{base.__name__}"
     else:
         tracked = TrackedResponseFuture
-    tracked.__qualname__ = tracked.__name__ = f"Tracked{base.__name__}"
+        name = f"Tracked{base.__name__}"
+    tracked.__qualname__ = tracked.__name__ = name  # which flavour, in tracebacks
     with _tracked_classes_lock:
         tracked = _TRACKED_CLASSES.setdefault(key, tracked)
         _TRACKED_BASES[tracked] = base

@@ -98,7 +98,7 @@ def cluster_45() -> Any:
     return build_cluster({f"dc{i}": [3, 3, 3] for i in range(1, 6)}, vnodes=16, seed=1)
 
 
-def _timed_kops(run: Callable[[int], None], count: int) -> float:
+def timed_kops(run: Callable[[int], None], count: int) -> float:
     """Kops/s of one ``run(count)``, the cyclic GC off while it runs."""
     gc.collect()
     gc.disable()
@@ -149,9 +149,7 @@ def measure_paired(
     }
     for _ in range(repeats):
         for mode in ("full", "first"):
-            this_round = {
-                label: _timed_kops(modes[mode], count) for label, modes in runners.items()
-            }
+            this_round = {label: timed_kops(modes[mode], count) for label, modes in runners.items()}
             for label, kops in this_round.items():
                 rates[label][mode].append(kops)
                 ratios[label][mode].append(kops / this_round[reference])

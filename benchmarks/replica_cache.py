@@ -19,17 +19,15 @@ cache's break-even hit ratio -- (miss - bypassed) / (miss - hit) -- which
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
-from adaptive_lb.bench import cluster_45, driver_name
+from adaptive_lb.bench import cluster_45, driver_name, timed_kops
 from adaptive_lb.cli import HelpFormatter
 from adaptive_lb.config import PolicyConfig
 from adaptive_lb.replica_cache import BREAK_EVEN_HIT_RATIO
@@ -75,14 +73,7 @@ def loop_only(keys: list[bytes]) -> Callable[[int], None]:
 
 def timed_us(run: Callable[[int], None], n: int) -> float:
     """Microseconds per iteration of ``run(n)``, the cyclic GC off."""
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        run(n)
-        return (time.perf_counter() - start) / n * 1e6
-    finally:
-        gc.enable()
+    return 1000.0 / timed_kops(run, n)
 
 
 def measure(rounds: int, lookups: int) -> dict[str, float]:
