@@ -6,6 +6,11 @@ bounded (:data:`MAX_NESTING`, :data:`MAX_NODES`: alias and merge-key bombs), lon
 and ``%`` directives refused before they cost quadratic time, duplicate keys reported (PyYAML
 silently keeps the last). No message quotes the document (it may hold a secret): a line, a
 column and the problem. Used for the config file and for the simulator's scenario files.
+
+What a document means and why it is refused are decided here, not by the PyYAML installed:
+merge keys (``<<``) follow the YAML merge-key rule whatever PyYAML does with them
+(:meth:`_Rules.flatten_mapping`), and a document libyaml refuses as too deep gets our message
+at our position. ``tests/unit/test_safe_yaml.py`` runs on both of PyYAML's parsers.
 """
 
 from __future__ import annotations
@@ -79,17 +84,33 @@ def parse_yaml(
     if text.count("\n%") + text.count("\r%") > 1000:  # libyaml reads %TAG in quadratic time
         problem = "more than 1000 directives (lines starting with %)"
         raise ConfigError(f"{problem}: not a config file?", source=source)
-    loader: _SafeLoader | None = None
     try:
-        loader = _SafeLoader(text)  # already checks for unprintable characters
-        node = loader.get_single_node()
-        # Before merges are flattened into the nodes.
-        lines, duplicates = _scan_keys(node, secret_keys)
-        data = loader.construct_document(node) if node is not None else None
+        try:
+            return _load(_SafeLoader, text, secret_keys)
+        except yaml.YAMLError as exc:
+            if getattr(exc, "problem", None) != LIBYAML_TOO_DEEP:
+                raise
+        # Deeper than libyaml's bound, so deeper than ours: where it passes ours, and the
+        # same message as where libyaml has no such bound. Our parser stops there, having
+        # read at most 1 KiB beyond.
+        return _load(_PurePythonLoader, text, secret_keys)
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_error(exc), source=source) from None
     except (ValueError, TypeError, RecursionError) as exc:  # deeper than the stack allows?
         raise ConfigError(f"not valid YAML ({type(exc).__name__})", source=source) from None
+
+
+def _load(
+    loader_class: Any, text: str, secret_keys: Collection[str]
+) -> tuple[Any, dict[str, int], list[str]]:
+    """:func:`parse_yaml` with one loader, YAML errors raised as they are."""
+    loader = None
+    try:
+        loader = loader_class(text)  # already checks for unprintable characters
+        node = loader.get_single_node()
+        # Before merges are flattened into the nodes.
+        lines, duplicates = _scan_keys(node, secret_keys)
+        data = loader.construct_document(node) if node is not None else None
     finally:
         if loader is not None:
             loader.dispose()
@@ -119,17 +140,20 @@ def _scan_keys(
         seen.add(id(node))
         here: dict[str, int] = {}
         for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.value == "<<":
+            if not isinstance(key_node, yaml.ScalarNode):
                 continue
             key = key_node.value
             key_path = f"{path}.{key}" if path else key
             line = key_node.start_mark.line + 1
             if key in here:
+                # Two merge keys too: PyYAML 6.0.4 lets the first win, earlier ones the last.
                 duplicates.append(
                     f"{key_path}: duplicate key (line {line}, first on line {here[key]})"
                 )
             else:
                 here[key] = line
+                if key_node.tag == MERGE_TAG:
+                    continue  # merged keys are found where the merged mapping is written
                 lines[key_path] = line
             if not is_secret(key_path, secret_keys) or key_path in secret_keys:
                 walk(value_node, key_path)  # no keys of a secret
@@ -143,30 +167,16 @@ class _LimitError(yaml.MarkedYAMLError):
     """A document refused by our rules (over a limit, or a value PyYAML cannot build)."""
 
 
-# libyaml's parser reads 1 MiB in milliseconds, PyYAML's own in about 1 s. (yaml.cyaml
-# imports CParser from this extension module, which exists only when PyYAML was built with
-# libyaml; tests/reliability/test_hostile_config.py fails if it is not used.)
-_Parser: Any
-try:
-    from yaml._yaml import CParser as _Parser
-except ImportError:  # pragma: no cover - PyYAML built without libyaml
-    _Parser = yaml.SafeLoader
-_LOADER_BASES = (yaml.composer.Composer, yaml.constructor.SafeConstructor, yaml.resolver.Resolver)
+MERGE_TAG = "tag:yaml.org,2002:merge"
+_VALUE_TAG = "tag:yaml.org,2002:value"  # the `=` key, a plain string in a config file
 
 
-class _SafeLoader(_Parser, *_LOADER_BASES):  # type: ignore[misc]
-    """PyYAML's safe loader (libyaml's parser if any) refusing documents nested deeper than
-    :data:`MAX_NESTING`, with more than :data:`MAX_NODES` values (merged keys included) or
-    integers over 1000 characters: that bounds the work, as aliases are not copied (a node
-    is built once) but merges are. Without the depth limits, deep nesting also ends in a
-    RecursionError that depends on the caller's stack."""
+class _Rules:
+    """Our rules over PyYAML's composer and safe constructor, whichever parser reads the
+    text: the depth and size bounds, and merge keys decided here rather than by PyYAML
+    (whose merge semantics changed in 6.0.4, see :meth:`flatten_mapping`)."""
 
-    get_single_node = yaml.composer.Composer.get_single_node  # not libyaml's: it counts
-
-    def __init__(self, stream: str) -> None:
-        _Parser.__init__(self, stream)
-        for base in _LOADER_BASES:
-            base.__init__(self)
+    def _start_rules(self) -> None:
         self._depth = self._nodes = 0
         self._flattening: set[Any] = set()  # mappings being flattened (merged into)
 
@@ -180,32 +190,67 @@ class _SafeLoader(_Parser, *_LOADER_BASES):  # type: ignore[misc]
             elif self._nodes > MAX_NODES:
                 problem = f"more than {MAX_NODES} values: not a config file?"
             if problem is not None:
-                event = self.peek_event()
+                event = self.peek_event()  # type: ignore[attr-defined]
                 raise _LimitError(None, None, problem, event.start_mark if event else None)
-            return super().compose_node(parent, index)
+            return super().compose_node(parent, index)  # type: ignore[misc]
         finally:
             self._depth -= 1
 
-    def flatten_mapping(self, node: Any) -> None:
-        # Counts what merges copy before PyYAML copies it (merged mappings flattened first).
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        """Replace the merge keys (``<<``) of ``node`` by the pairs they merge, by the YAML
+        merge-key rule (yaml.org/type/merge.html): a key written in the mapping beats a
+        merged one, and of the mappings in a merge sequence the earlier beats the later.
+        ``<<: [{a: 1}, {a: 2}]`` gives ``a: 1`` on every PyYAML (6.0.4 made it 2).
+
+        The pairs are placed lowest priority first (the constructor keeps the last of equal
+        keys); every merged pair is counted against :data:`MAX_NODES` before it is copied,
+        so that nested merges (each copying the one below twice) are refused, not built. A
+        mapping that merges itself, or a mapping around it, adds nothing the second time."""
         if node in self._flattening:
             return
         if len(self._flattening) >= MAX_NESTING:
             problem = f"merge keys (<<) nested deeper than {MAX_NESTING} levels"
             raise _LimitError(None, None, problem, node.start_mark)
         self._flattening.add(node)
-        for key, value in node.value:
-            merged = value.value if isinstance(value, yaml.SequenceNode) else [value]
-            for mapping in merged if key.tag == "tag:yaml.org,2002:merge" else ():
-                if isinstance(mapping, yaml.MappingNode):
+        try:
+            written: list[tuple[yaml.Node, yaml.Node]] = []
+            merged: list[yaml.MappingNode] = []  # highest priority first
+            for key, value in node.value:
+                if key.tag != MERGE_TAG:
+                    if key.tag == _VALUE_TAG:
+                        key.tag = "tag:yaml.org,2002:str"
+                    written.append((key, value))
+                    continue
+                for mapping in self._merge_sources(node, value):
+                    if mapping in self._flattening:
+                        continue
                     self.flatten_mapping(mapping)
                     self._nodes += len(mapping.value)
                     if self._nodes > MAX_NODES:
                         problem = f"merge keys (<<) make more than {MAX_NODES} values"
                         problem += ": not a config file?"
                         raise _LimitError(None, None, problem, key.start_mark)
-        super().flatten_mapping(node)
-        self._flattening.discard(node)
+                    merged.append(mapping)
+            if len(written) < len(node.value):
+                pairs = [pair for mapping in reversed(merged) for pair in mapping.value]
+                node.value = pairs + written
+        finally:
+            self._flattening.discard(node)
+
+    @staticmethod
+    def _merge_sources(node: yaml.MappingNode, value: yaml.Node) -> list[yaml.MappingNode]:
+        """The mappings a merge key's ``value`` names, in the order written."""
+        sources = value.value if isinstance(value, yaml.SequenceNode) else [value]
+        for source in sources:
+            if not isinstance(source, yaml.MappingNode):
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    "expected a mapping or list of mappings for merging, but found "
+                    + getattr(source, "id", "?"),
+                    source.start_mark,
+                )
+        return sources  # type: ignore[return-value]
 
     def construct_object(self, node: Any, deep: bool = False) -> Any:
         # CPython converts long integers in quadratic time (hex, sexagesimal).
@@ -213,11 +258,51 @@ class _SafeLoader(_Parser, *_LOADER_BASES):  # type: ignore[misc]
             problem = "integer too long (over 1000 characters)"
             raise _LimitError(None, None, problem, node.start_mark)
         try:
-            return super().construct_object(node, deep)
+            return super().construct_object(node, deep)  # type: ignore[misc]
         except (ArithmeticError, AttributeError, LookupError, TypeError, ValueError):
             # PyYAML quotes the value (!!int x: ValueError) or fails (!!bool x: KeyError).
             problem = f"not a valid !!{node.tag.rpartition(':')[2]} (value hidden)"
             raise _LimitError(None, None, problem, node.start_mark) from None
+
+
+class _PurePythonLoader(_Rules, yaml.SafeLoader):
+    """Our rules over PyYAML's own parser (about 1 s per MiB): where libyaml is missing,
+    and to find where a document libyaml refused as too deep passes our bound."""
+
+    def __init__(self, stream: str) -> None:
+        yaml.SafeLoader.__init__(self, stream)
+        self._start_rules()
+
+
+# libyaml's parser reads 1 MiB in milliseconds. (yaml.cyaml imports CParser from this
+# extension module, which exists only when PyYAML was built with libyaml;
+# tests/reliability/test_hostile_config.py fails if it is not used.)
+_Parser: Any
+try:
+    from yaml._yaml import CParser as _Parser
+except ImportError:  # pragma: no cover - PyYAML built without libyaml
+    _Parser = None
+
+_SafeLoader: Any = _PurePythonLoader
+if _Parser is not None:
+    _BASES = (yaml.composer.Composer, yaml.constructor.SafeConstructor, yaml.resolver.Resolver)
+
+    class _LibyamlLoader(_Rules, _Parser, *_BASES):  # type: ignore[misc]
+        """Our rules over libyaml's parser."""
+
+        get_single_node = yaml.composer.Composer.get_single_node  # not libyaml's: it counts
+
+        def __init__(self, stream: str) -> None:
+            _Parser.__init__(self, stream)
+            for base in _BASES:
+                base.__init__(self)
+            self._start_rules()
+
+    _SafeLoader = _LibyamlLoader
+
+LIBYAML_TOO_DEEP = "exceeded maximum nesting depth"
+"""libyaml's own nesting bound (0.2.6, bundled since PyYAML 6.0.4: 1,000 levels, checked
+while scanning ahead, before our composer sees a node)."""
 
 
 def _yaml_error(exc: yaml.YAMLError) -> str:
