@@ -15,6 +15,11 @@ profiles use :class:`~adaptive_lb.policy.AdaptiveLoadBalancingPolicy`:
 Whatever the config enables either takes effect or the call raises :class:`ConfigError`
 naming what is missing, having started nothing. Calling it again returns the same
 :class:`Attachment`; :meth:`Attachment.close` or ``session.shutdown()`` stops it all.
+
+Any number of sessions may be attached in one process, at once or one after another: their
+policies share the registry's Prometheus collector, the server of a ``metrics.bind_address``
+and ``metrics.port`` and the meter provider's instruments, each under a ``policy`` label of
+its own (the lowest free ``"0"``, ``"1"``, ...), and a closed attachment's series are gone.
 """
 
 from __future__ import annotations

@@ -142,7 +142,10 @@ def _one_run(
             if options.prometheus_port is not None:
                 from adaptive_lb.exporters import start_prometheus_server
 
-                start_prometheus_server(options.prometheus_port, policies=[policy])
+                server, _thread = start_prometheus_server(
+                    options.prometheus_port, policies=[policy]
+                )
+                stack.callback(server.close)  # this run's series go with it
         query = options.query or ("SELECT release_version FROM system.local")
         has_key = "?" in query
         statement = session.prepare(query) if has_key else query

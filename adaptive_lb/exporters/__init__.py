@@ -12,19 +12,25 @@ The SDK-based pieces live in :mod:`~adaptive_lb.exporters.span_processor`
 (``BackoffSpanExporter``).
 """
 
-from adaptive_lb.exporters.otel_metrics import register_otel_metrics
+from adaptive_lb.exporters.otel_metrics import register_otel_metrics, unregister_otel_metrics
 from adaptive_lb.exporters.otlp import setup_tracing
-from adaptive_lb.exporters.prometheus import AdaptiveLbCollector, start_prometheus_server
+from adaptive_lb.exporters.prometheus import (
+    AdaptiveLbCollector,
+    PrometheusServer,
+    start_prometheus_server,
+)
 from adaptive_lb.exporters.setup import Exporters, start_exporters
 from adaptive_lb.exporters.span_counts import SpanExportTotals, span_export_totals
 
 __all__ = [
     "AdaptiveLbCollector",
     "Exporters",
+    "PrometheusServer",
     "SpanExportTotals",
     "register_otel_metrics",
     "setup_tracing",
     "span_export_totals",
     "start_exporters",
     "start_prometheus_server",
+    "unregister_otel_metrics",
 ]

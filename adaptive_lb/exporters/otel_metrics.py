@@ -36,17 +36,20 @@ instrument                                 kind                       Prometheus
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from adaptive_lb.exporters.members import Members
 from adaptive_lb.exporters.span_counts import DROP_REASONS, span_export_totals
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.snapshot import take_snapshot
 
-__all__ = ["register_otel_metrics"]
+__all__ = ["register_otel_metrics", "unregister_otel_metrics"]
 
 _QUANTILES = (
     ("0.5", "window_latency_p50_seconds"),
@@ -57,27 +60,66 @@ _QUANTILES = (
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
 
+class _Instruments:
+    """The observable instruments of one meter provider, reading the policies of every
+    registration that has not been removed."""
+
+    def __init__(self, meter_provider: Any | None) -> None:
+        self.members = Members()
+        self.instruments = _create_instruments(self.members, meter_provider)
+
+
+_lock = threading.Lock()
+# One set of instruments per meter provider (None: the global one), created at the first
+# registration: the SDK returns an instrument created again under the same name without
+# taking the new callbacks, and has no way to remove one.
+_by_provider: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
+_GLOBAL = type("GlobalMeterProvider", (), {})()
+
+
 def register_otel_metrics(
     policy: Any | Sequence[Any],
     meter_provider: Any | None = None,
     names: Sequence[str] | None = None,
 ) -> list[Any]:
-    """Create the observable instruments for ``policy`` (or a sequence of policies, named by
-    ``names`` as in :class:`~adaptive_lb.exporters.AdaptiveLbCollector`) on
-    ``meter_provider`` (default: the global one) and return them.
+    """Publish ``policy`` (or a sequence of policies, named by ``names`` as in
+    :class:`~adaptive_lb.exporters.AdaptiveLbCollector`) through the observable instruments
+    of ``meter_provider`` (default: the global one) and return them.
 
-    Call it once per meter provider: the instruments of every policy given share one set of
-    names, told apart by the ``policy`` attribute.
+    The instruments are created once per meter provider; each call adds its policies to
+    what they report (``names`` default to the lowest free ``"0"``, ``"1"``, ...; a name
+    already another policy's raises ``ValueError``), told apart by the ``policy`` attribute,
+    until :func:`unregister_otel_metrics` removes them.
     """
-    policies = list(policy) if isinstance(policy, (list, tuple)) else [policy]
-    names = list(names) if names else [str(i) for i in range(len(policies))]
-    if len(names) != len(policies):
-        raise ValueError(f"{len(names)} names for {len(policies)} policies")
-    named = list(zip(names, policies, strict=True))
+    policies = _policy_list(policy)
+    with _lock:
+        key = _GLOBAL if meter_provider is None else meter_provider
+        instruments = _by_provider.get(key)
+        if instruments is None:
+            instruments = _by_provider[key] = _Instruments(meter_provider)
+        instruments.members.add(policies, names)
+        return list(instruments.instruments)
+
+
+def unregister_otel_metrics(policy: Any | Sequence[Any], meter_provider: Any | None = None) -> None:
+    """Stop reporting ``policy`` (or several; one :func:`register_otel_metrics` of each) on
+    ``meter_provider``'s instruments: its series are no longer observed."""
+    with _lock:
+        key = _GLOBAL if meter_provider is None else meter_provider
+        instruments = _by_provider.get(key)
+        if instruments is not None:
+            instruments.members.remove(_policy_list(policy))
+
+
+def _policy_list(policy: Any | Sequence[Any]) -> list[Any]:
+    return list(policy) if isinstance(policy, (list, tuple)) else [policy]
+
+
+def _create_instruments(members: Members, meter_provider: Any | None) -> list[Any]:
     meter = metrics.get_meter("adaptive_lb", meter_provider=meter_provider)
 
     def snapshots() -> Iterator[tuple[str, Any, Any]]:
-        for name, p in named:
+        for name, p in members.named():
             snapshot = take_snapshot(p)
             if snapshot is not None:
                 yield name, p, snapshot
@@ -117,7 +159,7 @@ def register_otel_metrics(
 
     def by_key(attribute: str, key: str) -> Callback:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
-            for name, p in named:
+            for name, p in members.named():
                 for value, count in getattr(p, attribute, {}).items():
                     yield Observation(count, {"policy": name, key: value})
 
@@ -138,12 +180,12 @@ def register_otel_metrics(
 
     def spans_exported(options: CallbackOptions) -> Iterable[Observation]:
         totals = span_export_totals()
-        if totals is not None:
+        if totals is not None and len(members):
             yield Observation(totals.exported)
 
     def spans_dropped(options: CallbackOptions) -> Iterable[Observation]:
         totals = span_export_totals()
-        if totals is not None:
+        if totals is not None and len(members):
             for reason in DROP_REASONS:
                 yield Observation(getattr(totals, reason), {"reason": reason})
 

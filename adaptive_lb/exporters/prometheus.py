@@ -37,7 +37,10 @@ Families (``_total`` is added by the exposition format to counters):
 
 from __future__ import annotations
 
+import errno
 import logging
+import threading
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -50,11 +53,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from adaptive_lb.exporters.members import Members
 from adaptive_lb.exporters.span_counts import DROP_REASONS, span_export_totals
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.snapshot import take_snapshot
 
-__all__ = ["AdaptiveLbCollector", "start_prometheus_server"]
+__all__ = ["AdaptiveLbCollector", "PrometheusServer", "start_prometheus_server"]
 
 log = logging.getLogger("adaptive_lb.exporters")
 
@@ -183,16 +187,36 @@ class AdaptiveLbCollector(Collector):
     :param names: the ``policy`` label of each (default ``"0"``, ``"1"``, ...).
 
     Counts the policy may not keep are read with defaults (``decisions_by_position``,
-    ``config_reloads``: empty), so any object with ``snapshot()`` works.
+    ``config_reloads``: empty), so any object with ``snapshot()`` works. :meth:`add` and
+    :meth:`remove` change the policies served while it is registered (thread-safe).
     """
 
-    def __init__(self, policies: Any | Sequence[Any], names: Sequence[str] | None = None):
-        self.policies = _policies(policies)
-        self.names = list(names) if names else [str(i) for i in range(len(self.policies))]
-        if len(self.names) != len(self.policies):
-            raise ValueError(f"{len(self.names)} names for {len(self.policies)} policies")
-        if len(set(self.names)) != len(self.names):
-            raise ValueError(f"policy names must be distinct: {self.names}")
+    def __init__(
+        self, policies: Any | Sequence[Any] = (), names: Sequence[str] | None = None
+    ) -> None:
+        self.members = Members()
+        self.members.add(_policies(policies), names)
+
+    @property
+    def policies(self) -> list[Any]:
+        """The policies served, in order."""
+        return [policy for _, policy in self.members.named()]
+
+    @property
+    def names(self) -> list[str]:
+        """Their ``policy`` labels."""
+        return [name for name, _ in self.members.named()]
+
+    def add(self, policies: Any | Sequence[Any], names: Sequence[str] | None = None) -> list[str]:
+        """Serve ``policies`` too, under ``names`` (default: the lowest free ``"0"``,
+        ``"1"``, ...); return their names. A policy already served keeps its name and is
+        served until removed as many times as it was added. ``ValueError`` (nothing added)
+        for a name already another policy's."""
+        return self.members.add(_policies(policies), names)
+
+    def remove(self, policies: Any | Sequence[Any]) -> None:
+        """Stop serving ``policies`` (one :meth:`add` of each): their series disappear."""
+        self.members.remove(_policies(policies))
 
     def collect(self) -> Iterator[Metric]:
         """Build every family from the policies' snapshots (called at each scrape)."""
@@ -237,7 +261,7 @@ class AdaptiveLbCollector(Collector):
             "learned, unknown).",
             labels=["policy"],
         )
-        for name, policy in zip(self.names, self.policies, strict=True):
+        for name, policy in self.members.named():
             # Read before the snapshot: a policy whose snapshot fails still shows that.
             for stage, count in getattr(policy, "internal_errors_by_stage", {}).items():
                 errors.add_metric([name, stage], count)
@@ -301,19 +325,138 @@ def _span_families() -> Iterator[Metric]:
     yield dropped
 
 
+class _Endpoint:
+    """One HTTP server of ``/metrics`` and how many :class:`PrometheusServer` hold it."""
+
+    def __init__(self, httpd: Any, thread: Any, registry: CollectorRegistry, key: Any) -> None:
+        self.httpd, self.thread, self.registry, self.key = httpd, thread, registry, key
+        self.holders = 0
+
+
+# Guards both maps, and the registration and unregistration of the shared collectors.
+_lock = threading.RLock()
+# The collector serving every policy exported to a registry, while it serves any.
+_collectors: weakref.WeakKeyDictionary[CollectorRegistry, AdaptiveLbCollector] = (
+    weakref.WeakKeyDictionary()
+)
+# The running servers by (address, port), each serving one registry.
+_endpoints: dict[tuple[str, int], _Endpoint] = {}
+
+
+def _join(registry: CollectorRegistry, policies: list[Any], names: Sequence[str] | None) -> None:
+    collector = _collectors.get(registry)
+    if collector is not None:
+        collector.add(policies, names)
+        return
+    collector = AdaptiveLbCollector(policies, names)
+    registry.register(collector)  # may raise: the caller's own collector has these names
+    _collectors[registry] = collector
+
+
+def _leave(registry: CollectorRegistry, policies: list[Any]) -> None:
+    collector = _collectors.get(registry)
+    if collector is None:
+        return
+    collector.remove(policies)
+    if len(collector.members) == 0:
+        del _collectors[registry]
+        registry.unregister(collector)
+
+
+def _open_endpoint(addr: str, port: int, registry: CollectorRegistry) -> _Endpoint:
+    endpoint = _endpoints.get((addr, port)) if port else None
+    if endpoint is None:
+        httpd, thread = start_http_server(port, addr=addr, registry=registry)
+        key = (addr, httpd.server_port)
+        endpoint = _endpoints[key] = _Endpoint(httpd, thread, registry, key)
+    elif endpoint.registry is not registry:
+        raise OSError(
+            errno.EADDRINUSE,
+            "adaptive-lb already serves another Prometheus registry there "
+            "(the same address and port share one registry)",
+        )
+    endpoint.holders += 1
+    return endpoint
+
+
+class PrometheusServer:
+    """What :func:`start_prometheus_server` returns: one hold on the HTTP server of an
+    address and port, which every call asking for that address and port shares.
+    :meth:`shutdown` (or :meth:`server_close`, or :meth:`close`) stops serving this call's
+    policies, and stops the server when no other call holds it. ``server_port``,
+    ``server_address`` and the other attributes are the underlying server's."""
+
+    def __init__(self, endpoint: _Endpoint, registry: CollectorRegistry, policies: list[Any]):
+        self._endpoint = endpoint
+        self._registry = registry
+        self._policies = policies
+        self.closed = False
+
+    @property
+    def server_port(self) -> int:
+        return int(self._endpoint.httpd.server_port)
+
+    @property
+    def server_address(self) -> Any:
+        return self._endpoint.httpd.server_address
+
+    def close(self) -> None:
+        """Stop serving this call's policies; the last holder stops the server. Idempotent."""
+        with _lock:
+            if self.closed:
+                return
+            self.closed = True
+            _leave(self._registry, self._policies)
+            endpoint = self._endpoint
+            endpoint.holders -= 1
+            if endpoint.holders > 0:
+                return
+            _endpoints.pop(endpoint.key, None)
+            # Under the lock: an attach racing this one binds the port once it is free.
+            endpoint.httpd.shutdown()
+            endpoint.httpd.server_close()
+
+    def shutdown(self) -> None:
+        """:meth:`close` (the name ``http.server`` gives it)."""
+        self.close()
+
+    def server_close(self) -> None:
+        """:meth:`close` (the name ``http.server`` gives it)."""
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._endpoint.httpd, name)
+
+
 def start_prometheus_server(
     port: int,
     addr: str = "127.0.0.1",
     policies: Any | Iterable[Any] = (),
     registry: CollectorRegistry | None = None,
     names: Sequence[str] | None = None,
-) -> tuple[Any, Any]:
+) -> tuple[PrometheusServer, Any]:
     """Serve ``/metrics`` for ``policies`` (a policy or several, see
     :class:`AdaptiveLbCollector`) on ``addr:port`` -- loopback by default; port 0 picks a
     free one. ``registry`` defaults to prometheus_client's global one (which also exposes
-    the process and platform collectors); registering the same families twice in one
-    registry raises ``ValueError``. Returns ``(server, thread)``: ``server.server_port`` is
-    the port, ``server.shutdown()`` then ``server.server_close()`` stop it."""
+    the process and platform collectors).
+
+    Calls may repeat, for as many sessions as the process has: one collector per registry
+    serves every policy given to any call (``names`` default to the lowest free ``"0"``,
+    ``"1"``, ...; a name already another policy's raises ``ValueError``), and calls asking
+    for the same address and port share one server (a different registry there raises
+    ``OSError``). Returns ``(server, thread)``: ``server.server_port`` is the port,
+    ``server.shutdown()`` removes this call's policies (their series disappear) and stops
+    the server when no other call holds it."""
     registry = registry if registry is not None else REGISTRY
-    registry.register(AdaptiveLbCollector(_policies(policies), names))
-    return start_http_server(port, addr=addr, registry=registry)
+    served = _policies(policies)
+    with _lock:
+        if served:
+            _join(registry, served, names)
+        try:
+            endpoint = _open_endpoint(addr, port, registry)
+        except BaseException:
+            _leave(registry, served)
+            raise
+    return PrometheusServer(endpoint, registry, served), endpoint.thread

@@ -8,16 +8,17 @@ instruments; ``tracing.otlp.endpoint`` (with ``tracing.enabled``) builds an OTLP
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from attrs import define, field
 from prometheus_client import CollectorRegistry
 
 from adaptive_lb.config import Config
-from adaptive_lb.exporters.otel_metrics import register_otel_metrics
+from adaptive_lb.exporters.otel_metrics import register_otel_metrics, unregister_otel_metrics
 from adaptive_lb.exporters.otlp import setup_tracing
-from adaptive_lb.exporters.prometheus import start_prometheus_server
+from adaptive_lb.exporters.prometheus import _policies, start_prometheus_server
 
 __all__ = ["Exporters", "start_exporters"]
 
@@ -32,13 +33,19 @@ class Exporters:
     """The HTTP server of ``/metrics`` (``.server_port`` is its port)."""
     otel_instruments: list[Any] = field(factory=list)
     """The observable instruments registered on the meter provider."""
+    _otel_release: Callable[[], None] | None = field(default=None, init=False, repr=False)
 
     def close(self) -> None:
-        """Stop the Prometheus endpoint and flush and shut down the tracer provider."""
+        """Stop serving the policies on ``/metrics`` (and the endpoint, unless another
+        attachment holds it) and on the OpenTelemetry instruments, and flush and shut
+        down the tracer provider. Idempotent."""
         if self.prometheus_server is not None:
             self.prometheus_server.shutdown()
             self.prometheus_server.server_close()
             self.prometheus_server = None
+        if self._otel_release is not None:
+            self._otel_release()
+            self._otel_release = None
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
             self.tracer_provider = None
@@ -56,9 +63,13 @@ def start_exporters(
     ``names`` as in :class:`~adaptive_lb.exporters.AdaptiveLbCollector`).
 
     ``registry`` defaults to prometheus_client's global registry, ``meter_provider`` to the
-    global meter provider. The tracer provider is returned, not made global: the caller
-    decides (``opentelemetry.trace.set_tracer_provider``, or the policy's
-    ``tracer_provider=``)."""
+    global meter provider. Calls may repeat (one per session): the policies of every call
+    not yet closed share the registry's collector, an address and port's server, and the
+    meter provider's instruments, each policy under a name of its own (``names``, default
+    the lowest free ``"0"``, ``"1"``, ...). The tracer provider is returned, not made
+    global: the caller decides (``opentelemetry.trace.set_tracer_provider``, or the
+    policy's ``tracer_provider=``)."""
+    policies = _policies(policies)
     exporters = Exporters()
     try:
         if config.tracing.enabled and config.tracing.otlp.endpoint:
@@ -74,6 +85,7 @@ def start_exporters(
             )
         if metrics.otel_enabled:
             exporters.otel_instruments = register_otel_metrics(policies, meter_provider, names)
+            exporters._otel_release = partial(unregister_otel_metrics, policies, meter_provider)
     except Exception:
         exporters.close()
         raise

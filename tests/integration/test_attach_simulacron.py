@@ -24,10 +24,12 @@ from cassandra.query import SimpleStatement
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client import CollectorRegistry
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 import adaptive_lb
 from adaptive_lb import AdaptiveLoadBalancingPolicy
+from adaptive_lb.config import parse_config
 from adaptive_lb.request_spans import ATTEMPT_EVENT
 from adaptive_lb.tracing import EVENT_NAME
 from tests.integration.simulacron import Simulacron, wait_for_pools
@@ -185,6 +187,69 @@ def test_one_call_starts_what_the_yaml_enables(driver_factory, nodes, tmp_path: 
         assert attachment.watcher is not None and not attachment.watcher.running
         with pytest.raises(OSError):
             scrape(port)
+
+
+def policy_labels(text: str, name: str) -> dict[str, float]:
+    """``policy`` label -> the sum of ``name``'s samples with it."""
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                policy = sample.labels["policy"]
+                sums[policy] = sums.get(policy, 0.0) + sample.value
+    return sums
+
+
+def test_attach_again_after_shutdown_and_two_live_sessions(driver_factory, nodes):
+    """In prometheus_client's global registry, as an application has it: connect, attach,
+    ``cluster.shutdown()``, then a new Cluster with a new policy and attach again; then a
+    second live session on the first one's port. Each session's series are served while it
+    lives and gone after its shutdown."""
+    config = parse_config("metrics: {prometheus_enabled: true, port: 0}")
+
+    def connect_and_attach(config, requests: int):
+        policy = adaptive_policy()
+        cluster, session = driver_factory(policy, contact_points=[nodes[0]])
+        attachment = adaptive_lb.attach(session, config)  # the global registry
+        assert policy.request_tracking
+        statement = session.prepare(QUERY)
+        wait_for_pools(session, "dc1")
+        for k in range(requests):
+            session.execute(statement, [k])
+        return policy, cluster, attachment
+
+    _, first, attached = connect_and_attach(config, 10)
+    port = attached.prometheus_port
+    assert policy_labels(scrape(port), "adaptive_lb_host_requests_total")["0"] >= 10
+    first.shutdown()
+    assert attached.closed
+    assert "adaptive_lb_" not in generate_latest(REGISTRY).decode()
+    with pytest.raises(OSError):
+        scrape(port)
+
+    # Again, with a new Cluster and policy: it takes effect, and only it is served.
+    policy, second, attached = connect_and_attach(config, 5)
+    port = attached.prometheus_port
+    text = scrape(port)
+    tracked = policy_labels(text, "adaptive_lb_request_tracking_attached")
+    assert tracked == {"0": 1.0}
+    assert 5 <= policy_labels(text, "adaptive_lb_host_requests_total")["0"] < 10
+
+    # A second live session asking for the same port shares its server.
+    same_port = parse_config(f"metrics: {{prometheus_enabled: true, port: {port}}}")
+    _, third, other = connect_and_attach(same_port, 3)
+    assert other.prometheus_port == port
+    tracked = policy_labels(scrape(port), "adaptive_lb_request_tracking_attached")
+    assert tracked == {"0": 1.0, "1": 1.0}
+    second.shutdown()
+    assert not policy.request_tracking
+    text = scrape(port)  # still served, for the live session
+    assert policy_labels(text, "adaptive_lb_request_tracking_attached") == {"1": 1.0}
+    assert policy_labels(text, "adaptive_lb_host_requests_total")["1"] >= 3
+    third.shutdown()
+    assert "adaptive_lb_" not in generate_latest(REGISTRY).decode()
+    with pytest.raises(OSError):
+        scrape(port)
 
 
 def test_the_span_lasts_as_long_as_the_request(attached, spans):

@@ -437,3 +437,37 @@ def test_local_rack_info_says_where_the_rack_comes_from():
     info = {"policy": "b", "rack": "", "source": "unknown"}
     assert registry.get_sample_value("adaptive_lb_local_rack_info", info) == 1
     assert unknown.snapshot().local_rack_source == "unknown"
+
+
+def test_start_prometheus_server_may_be_called_again_in_one_registry():
+    """The global registry (which checks for duplicate series): calls add their policies to
+    one collector, a name already another policy's is refused, and shutting a server down
+    removes its policies' series."""
+    import pytest
+    from prometheus_client import REGISTRY
+
+    model = build_cluster({"dc1": [1, 1]}, real_cluster=False, seed=1)
+    policies = [AdaptiveLoadBalancingPolicy(DCAwareRoundRobinPolicy("dc1")) for _ in range(3)]
+    for policy in policies:
+        policy.populate(model.cluster, model.metadata.all_hosts())
+
+    def served() -> set[str]:
+        info = scrape(REGISTRY).get("adaptive_lb_config_info")
+        return {s.labels["policy"] for s in info.samples} if info else set()
+
+    first, _ = start_prometheus_server(0, policies=policies[0], names=["main"])
+    try:
+        second, _ = start_prometheus_server(0, policies=policies[1])
+        try:
+            assert served() == {"main", "0"}
+            with pytest.raises(ValueError, match="'main' is already another policy's"):
+                start_prometheus_server(0, policies=policies[2], names=["main"])
+            assert served() == {"main", "0"}
+        finally:
+            second.shutdown()
+            second.server_close()
+        assert served() == {"main"}
+    finally:
+        first.shutdown()
+        first.server_close()
+    assert served() == set()
