@@ -22,6 +22,7 @@ from attrs import define
 
 from adaptive_lb.clock import Clock
 from adaptive_lb.config import HealthConfig
+from adaptive_lb.evidence import MIN_EVIDENCE, latency_spread
 from adaptive_lb.health_rules import (
     HostHealth,
     assess,
@@ -233,6 +234,11 @@ class HealthModel:
             self._measure_racks(windows, groups, racks, now)
             distances = self.rack_distances.distances
         medians = peer_medians(windows, groups, config, racks, distances)
+        # For the evidence rules (adaptive_lb.evidence): medians of hosts with a few answers.
+        typical = peer_medians(
+            windows, groups, config, racks, distances, 50.0, MIN_EVIDENCE, strict=True
+        )
+        spread = latency_spread(windows.values())
 
         transitions = []
         with self._state_lock:
@@ -246,7 +252,17 @@ class HealthModel:
                 failures = host.errors_total + host.timeouts_total
                 answers = host.requests_total - failures
                 new = assess(
-                    old, window, medians[key], config, now, window_s, stalled_s, answers, failures
+                    old,
+                    window,
+                    medians[key],
+                    config,
+                    now,
+                    window_s,
+                    stalled_s,
+                    answers,
+                    failures,
+                    peer_typical=typical[key],
+                    spread=spread,
                 )
                 self._health[key] = new
                 if new.probe is None:

@@ -69,8 +69,15 @@ from __future__ import annotations
 from attrs import define, field
 
 from adaptive_lb.config import HealthConfig
+from adaptive_lb.evidence import (
+    DEFAULT_SPREAD,
+    MIN_EVIDENCE,
+    erroring_by_evidence,
+    slow_by_evidence,
+)
 from adaptive_lb.health_return import (
     CLEAN_STREAK,
+    RELAPSE_WINDOWS,
     Evidence,
     Probe,
     hold_s,
@@ -165,6 +172,9 @@ def assess(
     stalled_s: float = 0.0,
     answers: int = 0,
     failures: int = 0,
+    *,
+    peer_typical: float | None = None,
+    spread: float = DEFAULT_SPREAD,
 ) -> HostHealth:
     """The next verdict for a host; a pure function (see the module docstring for the
     rules).
@@ -177,7 +187,9 @@ def assess(
     (0 when it has none in flight, or answered since the last refresh). ``answers`` and
     ``failures`` are the host's monotonic totals of successes and of errors + timeouts:
     what it did since the previous verdict is the fresh evidence of a way back
-    (:mod:`adaptive_lb.health_return`).
+    (:mod:`adaptive_lb.health_return`). ``peer_typical`` (the peers' median p50) and
+    ``spread`` feed the rules for hosts with fewer than ``min_samples``
+    (:mod:`adaptive_lb.evidence`).
     """
     penalties = config.penalties
     latency = window.latency.get(float(config.percentile))
@@ -188,8 +200,21 @@ def assess(
         None if peer_median is None else max(config.outlier_factor * peer_median, config.slow_floor)
     )
     stalled = 0 < config.stall_timeout <= stalled_s
-    erroring = enough_requests and error_rate > config.error_rate
-    slow = enough_samples and threshold is not None and latency is not None and latency > threshold
+    tail_errors = enough_requests and error_rate > config.error_rate
+    errors_why = None if tail_errors else erroring_by_evidence(window, config)
+    erroring = tail_errors or errors_why is not None
+    tail_slow = (
+        enough_samples and threshold is not None and latency is not None and latency > threshold
+    )
+    returned_ns = previous.evidence.returned_ns
+    relapsing = (
+        previous.state is HealthState.WARMING
+        and returned_ns is not None
+        and now_ns - returned_ns < RELAPSE_WINDOWS * window_s * _NS
+    )
+    least = 1 if relapsing else MIN_EVIDENCE  # just back from SLOW: one clear answer will do
+    slow_why = None if tail_slow else slow_by_evidence(window, peer_typical, spread, config, least)
+    slow = tail_slow or slow_why is not None
     state = previous.state
     in_state_s = (now_ns - previous.since_ns) / _NS
     settled = in_state_s >= config.min_state_duration
@@ -253,6 +278,8 @@ def assess(
         return verdict(new_state, penalty, reason, now_ns, new_cause, new_evidence)
 
     def slow_reason() -> str:
+        if slow_why is not None:
+            return slow_why
         return (
             f"{pct} {_s(latency)} > {config.outlier_factor:.1f} x peer median "
             f"{_s(peer_median)} (floor {_s(config.slow_floor)}), {window.samples} samples"
@@ -267,13 +294,11 @@ def assess(
             "stall",
         )
     if erroring and state is not HealthState.ERRORING:
-        return worse(
-            HealthState.ERRORING,
-            penalties.erroring,
+        why = errors_why or (
             f"error+timeout rate {error_rate:.1%} > {config.error_rate:.1%} "
-            f"over {window.requests} requests",
-            "errors",
+            f"over {window.requests} requests"
         )
+        return worse(HealthState.ERRORING, penalties.erroring, why, "errors")
     if slow and state in (HealthState.HEALTHY, HealthState.WARMING):
         return worse(HealthState.SLOW, penalties.slow, slow_reason(), "slow")
 

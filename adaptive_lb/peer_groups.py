@@ -90,16 +90,24 @@ def peer_medians(
     config: HealthConfig,
     racks: Mapping[_K, Hashable] | None = None,
     distances: Mapping[tuple[Hashable, Hashable], float] | None = None,
+    percentile: float | None = None,
+    min_samples: int | None = None,
+    *,
+    strict: bool = False,
 ) -> dict[_K, float | None]:
-    """Each host's peer median: the median latency at ``config.percentile`` of its peers
-    (see the module docstring), counting only hosts with ``min_samples`` samples.
+    """Each host's peer median: the median latency at ``percentile`` (default
+    ``config.percentile``) of its peers (see the module docstring), counting only hosts
+    with ``min_samples`` (default ``config.min_samples``) samples.
 
     ``groups`` maps a host to its datacenter (hosts missing from it form one group).
     Without ``racks`` the peers are the *other* hosts of its group, as they are. With
     ``racks`` (host -> rack), its rack first, then its group corrected by ``distances``
     (``(group, rack)`` -> seconds; racks missing from it are not corrected, and hosts of
-    such racks are not used to judge hosts of racks that have one)."""
-    percentile = float(config.percentile)
+    such racks are not used to judge hosts of racks that have one). ``strict``: with
+    ``racks``, a host that has neither rack peers nor a measured rack distance gets None
+    rather than its group as it is (a far rack would look slow)."""
+    percentile = float(config.percentile if percentile is None else percentile)
+    min_samples = config.min_samples if min_samples is None else min_samples
     own: dict[_K, float] = {}
     by_group: dict[Hashable, list[float]] = {}
     by_rack: dict[tuple[Hashable, Hashable], list[float]] = {}
@@ -108,7 +116,7 @@ def peer_medians(
     known = _capped(distances or {}, config.max_rack_distance)
     for key, window in windows.items():
         latency = window.latency.get(percentile)
-        if latency is None or window.samples < config.min_samples:
+        if latency is None or window.samples < min_samples:
             continue
         own[key] = latency
         group = groups.get(key)
@@ -138,5 +146,8 @@ def peer_medians(
                 if median is not None:
                     medians[key] = max(0.0, distance + median)
                     continue
+            if strict:
+                medians[key] = None
+                continue
         medians[key] = _others(by_group.get(group, []), latency)
     return medians

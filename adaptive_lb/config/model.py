@@ -152,7 +152,15 @@ class HealthConfig:
     error_rate: float = field(default=0.25, validator=[number, gt(0.0), le(1.0)])
     """ERRORING when (errors + timeouts) / requests in the window exceeds this."""
     min_samples: int = field(default=50, validator=[integer, ge(1)])
-    """Requests (latency samples, for SLOW) in the window below which no verdict is given."""
+    """Requests (latency samples, for SLOW) in the window from which the tail rules judge a
+    host (its ``percentile`` against its peers', its error rate against ``error_rate``).
+    With fewer, a verdict needs evidence in proportion to the gap (see ``certainty``)."""
+    certainty: float = field(default=3.0, validator=[number, ge(1.0), le(10.0)])
+    """How sure the evidence must be, in standard errors, for a verdict from fewer than
+    ``min_samples`` answers: SLOW when the host's median latency exceeds
+    ``outlier_factor`` x its peers' by this many standard errors (50 ms among peers at
+    1 ms: 3 answers; 3 ms: 22), ERRORING when the lower bound of its error rate exceeds
+    ``error_rate`` (4 failures in 4 requests). Higher: slower to judge, fewer mistakes."""
     slow_start: float = duration(10.0, ge(0.0))
     """WARMING: how long a returning host's penalty takes to decay from
     ``penalties.warming`` to 1, so that its share of traffic ramps up linearly."""

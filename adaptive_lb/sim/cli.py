@@ -57,6 +57,10 @@ DEMO_SCENARIOS = (
     "hot-partition",
     "local-one-auto",
     "far-racks",
+    "thin-slow",
+    "thin-slightly-slow",
+    "thin-equal",
+    "thin-many-clients",
 )
 """The scenarios ``adaptive-lb demo`` runs, from ``adaptive_lb/data/scenarios/<name>.yaml``."""
 

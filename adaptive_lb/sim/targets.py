@@ -1,9 +1,10 @@
 """The targets a demo run is checked against, printed met / missed by ``adaptive-lb demo``.
 
-Issue 6's targets (adaptive-lb against the stock and baseline policies) and issue 15's
+Issue 6's targets (adaptive-lb against the stock and baseline policies), issue 15's
 (locality and health without hand-tuning): a learned rack as good as a configured one, no
 host SLOW from distance alone, a paused node back fast, the shipped defaults winning, and no
-scenario worse than the figures it had before (its ``reference``).
+scenario worse than the figures it had before (its ``reference``); and issue 24's (thin
+traffic): a slow node avoided from a few requests a second, and no equal node avoided.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def check_targets(report: ScenarioReport) -> list[TargetCheck]:
         _issue_6(report, adaptive.summary, add)
         _reference(report, adaptive.summary, add)
     _issue_15(report, add)
+    if adaptive is not None:
+        _issue_24(report.scenario.name, adaptive.summary, add)
     return checks
 
 
@@ -159,6 +162,18 @@ def _issue_15(report: ScenarioReport, add: _Add) -> None:
                 verdicts["faulted"] > 0,
                 f"{verdicts['faulted']} SLOW verdicts while it was slowed",
             )
+
+
+def _issue_24(name: str, a: dict[str, Any], add: _Add) -> None:
+    """Thin traffic: a slow node seen from a few requests, and no equal node avoided."""
+    if name == "thin-slow":
+        add("<= 5 % touch the +50 ms node after 10 s", a["faulted"] <= 0.05, _pct(a["faulted"]))
+    elif name == "thin-slightly-slow":
+        add("<= 10 % touch the +10 ms node after 30 s", a["faulted"] <= 0.10, _pct(a["faulted"]))
+    elif name == "thin-equal":
+        attempts = a["attempts_by_host"]
+        least = min(attempts.values()) / sum(attempts.values())
+        add("no equal node below 10 % of requests", least >= 0.10, f"least {_pct(least)}")
 
 
 def _span(times: list[float]) -> str:

@@ -69,6 +69,7 @@ BOUNDS = [
     ("health.slow_floor", [0, "2ms", "0s"], ["-2ms", -0.001], "must be a duration"),
     ("health.error_rate", [0.01, 1], [0, 1.5], "must be > 0, got 0"),
     ("health.min_samples", [1, 1000], [0, -5], "must be >= 1, got 0"),
+    ("health.certainty", [1, 10], [0.5, 11], "must be >= 1, got 0.5"),
     ("health.slow_start", [0, "30s", "1.5m"], [-1, "30 seconds"], "non-negative duration"),
     ("health.recovery_factor", [0.1, 1], [0, 1.1], "must be > 0, got 0"),
     ("health.min_state_duration", [0, "500ms"], [-0.1], "non-negative duration, got -0.1"),
@@ -292,10 +293,11 @@ def test_not_yaml_names_the_line():
     assert str(info.value).startswith("f.yaml: not valid YAML: line ")
     with pytest.raises(ConfigError) as info:
         parse_config("policy:\n\tsample_size: 1\n", "f.yaml")
-    assert "not valid YAML: line 2, column 1" in str(info.value)
+    assert "not valid YAML: line 2, column 1" in str(info.value)  # PyYAML's scanner's mark
     with pytest.raises(ConfigError) as info:
         parse_config("a: 1\n---\nb: 2\n")
     assert "line 2" in str(info.value)
+    # PyYAML's reader's own problem text ("unacceptable character #x0000: ..."), passed on.
     with pytest.raises(ConfigError, match="not valid YAML: unacceptable character #x0000"):
         parse_config("policy: \x00\n")
     for text in ("{" * 5000, "a: " + "{b: " * 3000 + "1"):

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from adaptive_lb import health, health_rules
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, HealthPenalties, TrackingConfig
+from adaptive_lb.evidence import MIN_EVIDENCE, error_rate_lower_bound
 from adaptive_lb.health import (
     HealthModel,
     HealthState,
@@ -143,19 +144,29 @@ def test_slow_host_recovers_through_warming_after_the_window():
     ]
 
 
-def test_slow_needs_min_samples():
-    c = Cluster()
-    c.feed_all(5.0, 100)
-    slow = Cluster()
-    slow.feed_all(5.0, 100)
-    for cluster, count in ((c, 49), (slow, 50)):
+def test_the_tail_rule_needs_min_samples_a_clear_gap_needs_a_few():
+    """The p99 rule judges from ``min_samples`` (50); a host slow at its median is judged
+    from as few answers as the gap allows (adaptive_lb.evidence), never fewer than 3."""
+    clusters = {}
+    for name, latencies in {
+        "tail, 49": [5.0] * 47 + [500.0] * 2,  # p99 500 ms, median 5 ms
+        "tail, 50": [5.0] * 48 + [500.0] * 2,
+        "median, 2": [500.0] * 2,
+        "median, 3": [500.0] * 3,
+    }.items():
+        cluster = clusters[name] = Cluster()
+        cluster.feed_all(5.0, 100)
         fresh = cluster.stats["h0"] = HostStats(TrackingConfig(), cluster.clock)
-        for _ in range(count):
+        for latency_ms in latencies:
             fresh.on_send()
-            fresh.on_success(500 * MS)
+            fresh.on_success(int(latency_ms * MS))
         cluster.refresh()
-    assert c.state("h0") is HEALTHY
-    assert slow.state("h0") is SLOW
+    assert clusters["tail, 49"].state("h0") is HEALTHY
+    assert clusters["tail, 50"].state("h0") is SLOW
+    assert "p99" in clusters["tail, 50"].model.health("h0").reason
+    assert clusters["median, 2"].state("h0") is HEALTHY
+    assert clusters["median, 3"].state("h0") is SLOW
+    assert "x peer median 0.0050s, 3 samples" in clusters["median, 3"].model.health("h0").reason
 
 
 def test_slow_floor_protects_fast_hosts():
@@ -177,7 +188,7 @@ def test_peers_are_the_hosts_of_the_same_group():
 def test_without_peer_data_nobody_is_slow():
     c = Cluster(hosts=2)
     c.feed("h0", 500.0, 100)
-    c.feed("h1", 5.0, 10)  # under min_samples: no reference
+    c.feed("h1", 5.0, 2)  # under 3 answers: no reference (even for adaptive_lb.evidence)
     c.refresh()
     assert c.state("h0") is HEALTHY
     assert c.model.health("h0").peer_median is None
@@ -339,16 +350,29 @@ def test_assess_stall_rule_is_pure():
     assert assess(healthy, empty, None, off, 5 * S, stalled_s=100.0).state is HEALTHY
 
 
-def test_erroring_needs_min_samples_requests():
+def test_erroring_needs_min_samples_requests_or_sure_evidence():
     c = Cluster()
     c.feed_all(5.0, 100)
     c.stats["h0"] = HostStats(TrackingConfig(), c.clock)
-    c.feed("h0", 0, count=49, error=True)
+    c.feed("h0", 0, count=3, error=True)
     c.refresh()
-    assert c.state("h0") is HEALTHY
+    assert c.state("h0") is HEALTHY  # 3 answers are never enough
     c.feed("h0", 0, count=1, error=True)
     c.refresh()
-    assert c.state("h0") is ERRORING
+    assert c.state("h0") is ERRORING  # 4 failures in 4: surely above 25 %
+    assert "4 of 4 requests failed" in c.model.health("h0").reason
+    # 30 % over 49 requests is not sure to be above 25 %; over 50 the tail rule decides.
+    tail = Cluster()
+    tail.feed_all(5.0, 100)
+    tail.stats["h0"] = HostStats(TrackingConfig(), tail.clock)
+    tail.feed("h0", 5.0, count=34)
+    tail.feed("h0", 0, count=15, error=True)
+    tail.refresh()
+    assert tail.state("h0") is HEALTHY
+    tail.feed("h0", 0, count=1, error=True)
+    tail.refresh()
+    assert tail.state("h0") is ERRORING
+    assert "over 50 requests" in tail.model.health("h0").reason
 
 
 def test_erroring_wins_over_slow():
@@ -678,7 +702,10 @@ def test_assess_invariants(steps, start):
                 assert latency is not None and peers is not None and samples >= 50
                 assert latency > config.outlier_factor * peers and latency > config.slow_floor
             if new.state is ERRORING:
-                assert samples + errors >= 50 and stats.error_rate > config.error_rate
+                requests = samples + errors
+                sure = error_rate_lower_bound(errors, requests, config.certainty)
+                assert requests >= MIN_EVIDENCE and stats.error_rate > config.error_rate
+                assert requests >= 50 or sure > config.error_rate
         else:
             assert new.since_ns == previous.since_ns
         if new.state is WARMING:

@@ -1,0 +1,138 @@
+"""Judgement proportional to the evidence: few answers settle a large gap, never a small one."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from adaptive_lb.clock import ManualClock
+from adaptive_lb.config import HealthConfig, TrackingConfig
+from adaptive_lb.evidence import (
+    DEFAULT_SPREAD,
+    MIN_EVIDENCE,
+    MIN_SPREAD,
+    error_rate_lower_bound,
+    erroring_by_evidence,
+    latency_spread,
+    samples_needed,
+    slow_by_evidence,
+)
+from adaptive_lb.health import HealthModel, HealthState
+from adaptive_lb.stats import HostStats, WindowStats
+
+MS = 1_000_000
+S = 1_000_000_000
+CONFIG = HealthConfig()
+
+
+def window(samples: int, p50: float | None, p95: float | None = None, errors: int = 0):
+    return WindowStats(
+        requests=samples + errors,
+        successes=samples,
+        errors=errors,
+        timeouts=0,
+        samples=samples,
+        latency={50.0: p50, 95.0: p95 if p95 is not None else p50},
+    )
+
+
+def test_the_answers_needed_fall_with_the_gap():
+    needed = [samples_needed(ms, 2.0, 0.5, 3.0) for ms in (50, 10, 4, 3, 2.5, 2.1)]
+    assert needed[:2] == [MIN_EVIDENCE, MIN_EVIDENCE]  # the docstring's figures
+    assert [math.ceil(n) for n in needed[2:5]] == [8, 22, 71]
+    assert needed == sorted(needed)
+    assert samples_needed(2.0, 2.0, 0.5, 3.0) == math.inf  # not above the factor: never
+    assert samples_needed(1.5, 2.0, 0.5, 3.0) == math.inf
+    # A noisier cluster or a surer verdict needs more.
+    assert samples_needed(3, 2.0, 1.0, 3.0) > samples_needed(3, 2.0, 0.5, 3.0)
+    assert samples_needed(3, 2.0, 0.5, 4.0) > samples_needed(3, 2.0, 0.5, 3.0)
+
+
+@given(
+    failures=st.integers(0, 500),
+    extra=st.integers(0, 500),
+    certainty=st.floats(1.0, 10.0),
+)
+def test_the_error_rate_bound_is_below_the_rate_and_rises_with_evidence(failures, extra, certainty):
+    requests = failures + extra
+    bound = error_rate_lower_bound(failures, requests, certainty)
+    assert 0.0 <= bound <= (failures / requests if requests else 0.0) + 1e-12
+    # Twice the requests at the same rate: surer, so a higher bound.
+    if requests:
+        assert error_rate_lower_bound(2 * failures, 2 * requests, certainty) >= bound - 1e-12
+
+
+def test_four_failures_in_four_are_enough_five_in_ten_are_not():
+    assert erroring_by_evidence(window(0, None, errors=4), CONFIG) is not None
+    assert erroring_by_evidence(window(0, None, errors=3), CONFIG) is None  # 3: the floor
+    assert erroring_by_evidence(window(5, 0.001, errors=5), CONFIG) is None
+    reason = erroring_by_evidence(window(0, None, errors=4), CONFIG)
+    assert reason == "4 of 4 requests failed: error+timeout rate at least 30.8% > 25.0%"
+
+
+def test_a_slow_verdict_from_few_answers_names_its_evidence():
+    assert slow_by_evidence(window(3, 0.050), 0.001, 0.5, CONFIG) == (
+        "p50 0.0500s = 50.0 x peer median 0.0010s, 3 samples (>= 3 needed at spread 0.50)"
+    )
+    assert slow_by_evidence(window(2, 0.050), 0.001, 0.5, CONFIG) is None  # below the floor
+    assert slow_by_evidence(window(10, 0.003), 0.001, 0.5, CONFIG) is None  # 22 needed
+    assert slow_by_evidence(window(22, 0.003), 0.001, 0.5, CONFIG) is not None
+    assert slow_by_evidence(window(3, 0.050), None, 0.5, CONFIG) is None  # no peers
+    # Under the absolute floor (2 ms), however many times its peers.
+    assert slow_by_evidence(window(99, 0.0019), 0.0001, 0.5, CONFIG) is None
+
+
+def test_the_spread_is_measured_on_hosts_with_enough_answers():
+    assert latency_spread([]) == DEFAULT_SPREAD
+    assert latency_spread([window(9, 0.001, 0.010)]) == DEFAULT_SPREAD  # too few answers
+    measured = latency_spread([window(10, 0.001, 0.002)] * 3 + [window(50, 0.001, 0.100)])
+    assert measured == pytest.approx(math.log(2) / 1.6449)  # the median host, not the odd one
+    assert latency_spread([window(10, 0.001, 0.001)]) == MIN_SPREAD
+
+
+class Thin:
+    """Three hosts, each answering about three times a second (10 requests a second)."""
+
+    def __init__(self, seed: int = 1, config: HealthConfig | None = None) -> None:
+        self.clock = ManualClock(0)
+        self.config = config or HealthConfig()
+        self.stats = {key: HostStats(TrackingConfig(), self.clock) for key in ("a", "b", "c")}
+        self.model = HealthModel(self.config, self.clock, window_s=10.0)
+        self.random = random.Random(seed)
+
+    def second(self, extra_ms: dict[str, float]) -> None:
+        """One second: three answers per host (log-normal around 0.7 ms), then refreshes."""
+        for key, stats in self.stats.items():
+            for _ in range(3):
+                latency = 0.7 * self.random.lognormvariate(0.0, 0.4) + extra_ms.get(key, 0.0)
+                stats.on_send()
+                stats.on_success(int(latency * MS))
+        for _ in range(5):
+            self.clock.advance(S // 5)
+            self.model.refresh(self.stats, dict.fromkeys(self.stats, "dc1"))
+
+    def state(self, key: str) -> HealthState:
+        return self.stats[key].health_state
+
+
+def test_ten_requests_a_second_find_a_node_50_ms_slower_within_two_seconds():
+    thin = Thin()
+    thin.second({"b": 50.0})
+    thin.second({"b": 50.0})
+    assert thin.state("b") is HealthState.SLOW
+    assert "x peer median" in thin.model.health("b").reason
+    assert thin.state("a") is thin.state("c") is HealthState.HEALTHY
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_ten_requests_a_second_to_equal_nodes_make_no_verdict(seed):
+    # No slow_floor: the statistics alone keep the verdicts away (with certainty 1 and
+    # outlier_factor 1.2 they would not: 10 of these 20 seeds then flag a host).
+    thin = Thin(seed, HealthConfig(slow_floor=0.0))
+    for _ in range(30):
+        thin.second({})
+        assert {thin.state(key) for key in thin.stats} == {HealthState.HEALTHY}
