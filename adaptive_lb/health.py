@@ -90,6 +90,9 @@ class HealthModel:
         self._next_refresh_ns = 0
         self.rack_distances = RackDistances()
         """Each rack's distance from this client (refreshed with ``racks``)."""
+        self.thin_rack_distances = RackDistances()
+        """The same from hosts with a few answers (``MIN_EVIDENCE``), for the evidence
+        rules: a client with thin traffic never has ``min_samples`` on a host."""
         self.refreshes = 0
         """Refreshes done (for tests and diagnostics)."""
 
@@ -229,14 +232,16 @@ class HealthModel:
         # The expensive part (percentiles), with no lock the hot path or mark_up wait for.
         windows = {key: host.window_stats(percentiles) for key, host in stats.items()}
         now = self._clock.now_ns()
-        distances = None
+        distances = thin_distances = None
         if racks is not None:
-            self._measure_racks(windows, groups, racks, now)
+            self._measure_racks(windows, groups, racks, now, self.rack_distances)
+            self._measure_racks(windows, groups, racks, now, self.thin_rack_distances, True)
             distances = self.rack_distances.distances
+            thin_distances = self.thin_rack_distances.distances
         medians = peer_medians(windows, groups, config, racks, distances)
         # For the evidence rules (adaptive_lb.evidence): medians of hosts with a few answers.
         typical = peer_medians(
-            windows, groups, config, racks, distances, 50.0, MIN_EVIDENCE, strict=True
+            windows, groups, config, racks, thin_distances, 50.0, MIN_EVIDENCE, strict=True
         )
         spread = latency_spread(windows.values())
 
@@ -295,11 +300,13 @@ class HealthModel:
         groups: Mapping[Hashable, Hashable],
         racks: Mapping[Hashable, Hashable],
         now_ns: int,
+        into: RackDistances,
+        thin: bool = False,
     ) -> None:
-        """Update :attr:`rack_distances` from the p50 of the hosts that were HEALTHY at the
-        last refresh and have ``min_samples`` (before judging them: a host that slows down
-        is judged against its rack's distance from before)."""
-        min_samples = self._config.min_samples
+        """Update ``into`` from the p50 of the hosts that were HEALTHY at the last refresh
+        and have ``min_samples`` (``thin``: ``MIN_EVIDENCE``) samples (before judging them:
+        a host that slows down is judged against its rack's distance from before)."""
+        min_samples = MIN_EVIDENCE if thin else self._config.min_samples
         measured: dict[RackKey, list[float]] = {}
         for key, window in windows.items():
             p50 = window.latency.get(50.0)
@@ -312,8 +319,8 @@ class HealthModel:
             ):
                 continue
             measured.setdefault((groups.get(key), racks[key]), []).append(p50)
-        self.rack_distances.update(measured, now_ns, self._window_s)
-        self.rack_distances.forget({(groups.get(key), rack) for key, rack in racks.items()})
+        into.update(measured, now_ns, self._window_s)
+        into.forget({(groups.get(key), rack) for key, rack in racks.items()})
 
     def _stalled_s(self, key: Hashable, host: HostStats, in_flight: int, now_ns: int) -> float:
         """Seconds ``key`` has had requests in flight without answering any, judged from

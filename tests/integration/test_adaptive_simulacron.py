@@ -136,6 +136,36 @@ def test_slow_node_gets_almost_nothing(simulacron, driver_factory, nodes, concur
     assert_exact_accounting(policy, adaptive)
 
 
+def test_ten_requests_a_second_see_a_node_50_ms_slower(simulacron, driver_factory, nodes):
+    """Issue 24: a client sending 10 requests a second, one at a time, with the shipped
+    health settings (``min_samples`` 50 in a 10 s window: never reached at ~3 answers a
+    second per host). Before the evidence rules 29 % of its requests went on to the slow
+    node; stock routing sends it a third."""
+    slow = nodes["dc1"][1]
+    delay = 50 if simulacron.fine_timer else 100
+    simulacron.prime(
+        QUERY, **ROWS, **PARAMS, delay_ms=delay, scope=simulacron.scope_of(slow, CLUSTER)
+    )
+    policy, _, session, stmt = connect(driver_factory, Config(policy=NO_RACK))
+    started = time.monotonic()
+    after_10_s: list[str] = []
+    for i in range(200):  # 20 s at 10 a second
+        sent = time.monotonic()
+        result = session.execute(stmt, [i])
+        if sent - started >= 10.0:
+            after_10_s += [host.address for host in result.response_future.attempted_hosts]
+        time.sleep(max(0.0, started + (i + 1) * 0.1 - time.monotonic()))
+    share = after_10_s.count(slow) / len(after_10_s)
+    states = {v.host.address: v.stats.health_state for v in policy.topology.local}
+    print(f"\n+{delay} ms on {slow}, 10 req/s: its share after 10 s {share:.1%}; {states}")
+    assert share <= 0.05
+    assert states[slow] in (HealthState.SLOW, HealthState.WARMING)
+    assert [state for address, state in states.items() if address != slow] == [
+        HealthState.HEALTHY
+    ] * 2
+    assert policy.internal_errors == 0
+
+
 def test_failing_node_turns_erroring_then_warms_back(simulacron, driver_factory, nodes):
     failing = nodes["dc1"][0]
     scope = simulacron.scope_of(failing, CLUSTER)
