@@ -90,7 +90,10 @@ def make_otlp_exporter(config: TracingConfig) -> SpanExporter:
     DEADLINE_EXCEEDED...) with an exponential delay of their own (1, 2, 4 s +-20 %, sleeping
     in the calling thread: no CPU) only while the next attempt still fits in the timeout,
     and each attempt's socket wait gets what is left of it; a receiver that accepts and
-    never answers holds one call for the timeout, waiting on the socket.
+    never answers holds one call for the timeout, waiting on the socket. The HTTP exporter
+    before 1.40 backs off only on HTTP statuses: a refused or timed-out connection raises out
+    of ``export`` (requests' ``ConnectionError``, ``ReadTimeout``), which the
+    ``BackoffSpanExporter`` counts as a failure like ``FAILURE``.
 
     Only the chosen protocol's exporter is imported (``opentelemetry-exporter-otlp-proto-
     http`` or ``-grpc``); ``ImportError`` naming the ``otlp`` extra if it is missing."""

@@ -28,6 +28,7 @@ def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> li
     """Every command line that has its own parser: ``()``, ``("demo",)``,
     ``("config", "show")``... (``bench`` forwards to the benchmark's own parser)."""
     found: list[tuple] = [path]
+    # argparse privates (every CPython we support): a parser's _actions, _SubParsersAction.
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():

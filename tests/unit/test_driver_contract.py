@@ -7,6 +7,7 @@ this file checks each one on the installed driver (CI runs it against both drive
 from __future__ import annotations
 
 import importlib.metadata
+import types
 
 from cassandra.metadata import Metadata, TokenMap
 from cassandra.policies import (
@@ -17,6 +18,7 @@ from cassandra.policies import (
 )
 
 from adaptive_lb._driver import (
+    FUTURE_POLICY_ATTRIBUTE,
     analyse_child,
     child_of,
     keyspace_replica_map,
@@ -75,7 +77,9 @@ def test_token_map_layout():
 def test_tablets_attribute_matches_the_driver():
     tablets = tablets_of(Metadata())
     if installed_driver() == "scylla-driver":
-        assert tablets is not None, "scylla-driver renamed Metadata._tablets"
+        # Metadata._tablets with table_has_tablets and get_tablet_for_key: scylla-driver
+        # 3.29.5 and later (3.29.0-3.29.4 have no table_has_tablets).
+        assert tablets is not None, "no Metadata._tablets with the methods tablets_of needs"
         assert callable(tablets.table_has_tablets)
         assert callable(tablets.get_tablet_for_key)
     else:
@@ -90,3 +94,17 @@ def test_response_future_internals_the_hook_uses():
     for name in ("_query", "_set_result", "_set_final_result", "_set_final_exception"):
         assert callable(getattr(ResponseFuture, name)), name
     assert ResponseFuture._final_result is _NOT_SET
+
+
+def test_response_future_keeps_its_policy_where_tracking_reads_it():
+    from cassandra.cluster import ResponseFuture
+
+    class Policy:
+        def make_query_plan(self, working_keyspace=None, query=None):
+            return iter(())
+
+    policy = Policy()
+    cluster = types.SimpleNamespace(_default_load_balancing_policy=None)
+    session = types.SimpleNamespace(row_factory=None, keyspace=None, cluster=cluster)
+    future = ResponseFuture(session, None, None, None, load_balancer=policy)
+    assert getattr(future, FUTURE_POLICY_ATTRIBUTE) is policy

@@ -637,6 +637,8 @@ def test_queue_full_drops_are_counted_exactly_with_concurrent_producers(caplog):
     provider.shutdown()
     assert processor.exported_spans + processor.dropped_spans == total
     assert processor.dropped_spans == processor.queue_full_drops
+    # opentelemetry-sdk's own drop: 1.45 logs "Queue full, dropping ..." when its deque is
+    # full; 1.35 drops silently, so there only the counts above show that it never happened.
     assert not [r for r in caplog.records if "Queue full" in r.getMessage()]
 
 

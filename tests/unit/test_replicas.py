@@ -12,6 +12,7 @@ from cassandra.protocol import ColumnMetadata
 from cassandra.query import PreparedStatement, SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
+from adaptive_lb._driver import tablets_of
 from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 
@@ -39,7 +40,9 @@ def test_replication_change_without_new_token_map_is_seen():
     for key in keys:
         views, _ = policy._resolver.replicas("ks", key, None, policy.topology)
         assert len(views) == 1
-    # ALTER KEYSPACE: the driver rebuilds that keyspace's replica map in place.
+    # ALTER KEYSPACE: the driver rebuilds that keyspace's replica map in place. Relies on
+    # Metadata._keyspace_updated (cassandra-driver and scylla-driver): what the driver calls
+    # after refreshing a keyspace's metadata.
     model.metadata.keyspaces["ks"] = KeyspaceMetadata(
         "ks", True, "NetworkTopologyStrategy", {"dc1": "3"}
     )
@@ -51,7 +54,12 @@ def test_replication_change_without_new_token_map_is_seen():
 
 def prepared(is_lwt: bool = False) -> PreparedStatement:
     """A real PreparedStatement for ``SELECT v FROM ks.t WHERE k = ?`` (k int), as the driver
-    builds it from a PREPARE response."""
+    builds it from a PREPARE response.
+
+    Relies on the drivers' positional ``PreparedStatement.__init__`` arguments (column
+    metadata, query id, routing key indexes, query, keyspace, protocol version, result
+    metadata, result metadata id); ``is_lwt`` only where the driver has it (scylla-driver
+    3.29.6 and later; not cassandra-driver 3.29-3.30)."""
     columns = [ColumnMetadata("ks", "t", "k", Int32Type)]
     args = [columns, b"id", [0], "SELECT v FROM ks.t WHERE k = ?", "ks", 4, [], None]
     kwargs = {}
@@ -121,8 +129,12 @@ def test_tablet_replicas_are_used_and_not_cached():
     high = tablets_module.Tablet.from_row(
         0, 2**63 - 1, [(hosts[4].host_id, 0), (hosts[5].host_id, 3)]
     )
-    model.metadata._tablets.add_tablet("ks", "t", low)
-    model.metadata._tablets.add_tablet("ks", "t", high)
+    # scylla-driver's Tablet.from_row and Tablets.add_tablet: how the driver fills its tablet
+    # map from a tablets-routing-v1 payload; the map is where tablets_of finds it (pinned in
+    # test_driver_contract).
+    tablets = tablets_of(model.metadata)
+    tablets.add_tablet("ks", "t", low)
+    tablets.add_tablet("ks", "t", high)
     token_of = model.metadata.token_map.token_class.from_key
     misses = policy.replica_cache.misses
     for key in murmur3_routing_keys(200, seed=30):

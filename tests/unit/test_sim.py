@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from adaptive_lb.config import ConfigError
+from adaptive_lb.sim import runner
 from adaptive_lb.sim.cli import DEMO_SCENARIOS, main
 from adaptive_lb.sim.engine import Engine
 from adaptive_lb.sim.metrics import Recorder
 from adaptive_lb.sim.node import Node
 from adaptive_lb.sim.policies import NoFeedback
 from adaptive_lb.sim.report import ScenarioReport, to_json
-from adaptive_lb.sim.runner import run_policy, setup
+from adaptive_lb.sim.runner import run_policy
 from adaptive_lb.sim.scenario import NodesSpec, load_scenario, parse_scenario, scenario_dir
 from adaptive_lb.sim.workload import Client
 
@@ -81,7 +82,9 @@ def _exact_scenario(consistency: str = "LOCAL_ONE"):
 @pytest.mark.parametrize("as_replica", [True, False])
 def test_pure_latency_path_returns_matrix_values(as_replica: bool) -> None:
     scenario = _exact_scenario()
-    sim = setup(scenario, seed=5)
+    # runner.setup, not imported as ``setup``: pytest 8.0 would call a module-level setup()
+    # before the tests, as nose did (pytest 8.1 dropped that).
+    sim = runner.setup(scenario, seed=5)
     key = 17
     replicas = sim.cluster.replicas(key)
     zone_b = [n for n in sim.nodes if n.zone == "B"]
