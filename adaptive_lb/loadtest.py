@@ -64,6 +64,9 @@ class RunReport:
     p95_ms: float
     p99_ms: float
     errors: dict[str, int]
+    """Exception type name -> failed requests."""
+    error_messages: dict[str, str]
+    """Exception type name -> the first such failure's message."""
     hosts: list[dict[str, Any]]
     snapshot: dict[str, Any] | None = None
     """The adaptive policy's ``snapshot().to_dict()`` at the end of the run (None: stock)."""
@@ -78,6 +81,7 @@ class RunReport:
             "p95_ms": round(self.p95_ms, 2),
             "p99_ms": round(self.p99_ms, 2),
             "errors": self.errors,
+            "error_messages": self.error_messages,
             "hosts": self.hosts,
             "snapshot": self.snapshot,
         }
@@ -121,7 +125,7 @@ def _one_run(
     tracer_provider: Any = None,
 ) -> RunReport:
     from adaptive_lb.attachment import attach
-    from adaptive_lb.peers.load import closed_loop
+    from adaptive_lb.peers.load import closed_loop, key_maker
     from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
 
     policy = _make_policy(kind, options, tracer_provider)
@@ -152,8 +156,10 @@ def _one_run(
         rng = random.Random(options.seed)
         key_range = options.key_range
 
+        key = key_maker(statement) if has_key else None
+
         def make_statement(_i: int) -> tuple[Any, Any]:
-            return statement, ([rng.randrange(key_range)] if has_key else None)
+            return statement, ([key(rng.randrange(key_range))] if key else None)
 
         result = closed_loop(
             session,
@@ -196,6 +202,7 @@ def _one_run(
             p95_ms=result.percentile(95) * 1000,
             p99_ms=result.percentile(99) * 1000,
             errors=dict(result.errors),
+            error_messages=dict(result.error_messages),
             hosts=hosts,
             snapshot=snapshot,
         )
@@ -209,6 +216,8 @@ def _print_report(reports: list[RunReport], out: TextIO) -> None:
             f"p99 {report.p99_ms:.2f} ms, errors {sum(report.errors.values())}"
             f"{' ' + str(report.errors) if report.errors else ''}\n"
         )
+        for name, message in report.error_messages.items():
+            out.write(f"  {name}: {message}\n")
         out.write(f"  {'host':<18}{'dc':<6}{'rack':<6}{'attempts':>10}{'share':>9}  health\n")
         for host in report.hosts:
             health = host.get("health", "")
@@ -232,9 +241,12 @@ def _print_report(reports: list[RunReport], out: TextIO) -> None:
 
 
 def run_loadtest(
-    options: LoadtestOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr
+    options: LoadtestOptions, out: TextIO | None = None, err: TextIO | None = None
 ) -> list[RunReport]:
-    """Run the load test(s) and print the report; returns the reports."""
+    """Run the load test(s) and print the report (default: to ``sys.stdout``, progress to
+    ``sys.stderr``, as they are when called); returns the reports."""
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
     from adaptive_lb.peers.simulacron import connect_driver
 
     kinds = ["stock", "adaptive"] if options.compare else [options.policy]
@@ -410,5 +422,8 @@ def _handle(args: argparse.Namespace) -> int:
         json=args.json,
         snapshot=args.snapshot,
     )
-    run_loadtest(options)
-    return 0
+    reports = run_loadtest(options)
+    failed = sum(sum(report.errors.values()) for report in reports)
+    if failed:
+        sys.stderr.write(f"adaptive-lb loadtest: {failed:,} requests failed\n")
+    return 1 if failed else 0

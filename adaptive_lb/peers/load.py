@@ -1,7 +1,9 @@
 """A closed-loop load generator for integration tests and the loadtest command's simulated mode.
 
 ``concurrency`` threads each run ``session.execute`` back to back until ``duration`` has
-passed; every request's attempted hosts, coordinator and latency are kept.
+passed; every request's attempted hosts, coordinator and latency are kept, and every failed
+request is counted with why (a parameter the driver cannot bind fails the request, not the
+thread). :func:`key_maker` makes keys of the statement's key type.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import contextlib
 import gc
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -30,6 +33,8 @@ class LoadResult:
     """Host address -> attempts sent to it (``ResponseFuture.attempted_hosts``)."""
     errors: Counter = field(factory=Counter)
     """Exception type name -> requests that failed."""
+    error_messages: dict[str, str] = field(factory=dict)
+    """Exception type name -> the first such failure's message (why requests failed)."""
 
     @property
     def requests(self) -> int:
@@ -112,25 +117,31 @@ def _closed_loop(
             statement, parameters = make_statement(next(counter))
             start = time.perf_counter()
             error = None
+            future = None
             with request_context():
-                future = session.execute_async(statement, parameters, timeout=timeout)
                 try:
+                    # Binding happens here: a parameter of the wrong type raises at once.
+                    future = session.execute_async(statement, parameters, timeout=timeout)
                     future.result()
                 except Exception as exc:
                     error = exc
             if error is not None:
-                local.errors[type(error).__name__] += 1
-            else:
+                name = type(error).__name__
+                local.errors[name] += 1
+                local.error_messages.setdefault(name, str(error) or name)
+            elif future is not None:
                 local.latencies.append(time.perf_counter() - start)
                 if future.coordinator_host is not None:
                     local.coordinators[future.coordinator_host.address] += 1
-            for host in future.attempted_hosts:
+            for host in future.attempted_hosts if future is not None else ():
                 local.attempts[host.address] += 1
         with lock:
             result.latencies.extend(local.latencies)
             result.coordinators.update(local.coordinators)
             result.attempts.update(local.attempts)
             result.errors.update(local.errors)
+            for name, message in local.error_messages.items():
+                result.error_messages.setdefault(name, message)
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
     for thread in threads:
@@ -145,3 +156,15 @@ def _closed_loop(
     for thread in threads:
         thread.join(duration + timeout + 30)
     return result
+
+
+def key_maker(statement: Any) -> Callable[[int], Any]:
+    """``n -> key`` of the type of a prepared statement's first bound column: text for
+    text columns, a UUID for uuid / timeuuid ones, ``n`` itself for the rest (integers)."""
+    columns = getattr(statement, "column_metadata", None) or ()
+    kind = getattr(columns[0].type, "typename", "") if columns else ""
+    if kind in ("varchar", "text", "ascii"):
+        return str
+    if kind in ("uuid", "timeuuid"):
+        return lambda n: uuid.UUID(int=n, version=1 if kind == "timeuuid" else 4)
+    return lambda n: n

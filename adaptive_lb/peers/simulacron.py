@@ -275,6 +275,7 @@ class Simulacron(SimulacronClient):
         self._process = JvmProcess(
             cmd,
             self.log_path,
+            cwd=self.cache_dir,  # Vert.x writes .vertx/ into its working directory
             name="Simulacron",
             stop_grace=5.0,
             kill_wait=5.0,

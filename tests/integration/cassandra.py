@@ -1,7 +1,7 @@
 """Run a small real Apache Cassandra 5.0 cluster on loopback addresses for integration tests.
 
 ``org.apache.cassandra:cassandra-all`` and its dependencies are fetched once with plain Maven
-into ``<repo>/.cache/cassandra/lib`` (``$ADAPTIVE_LB_CACHE/cassandra/lib`` if that is set);
+into ``~/.cache/adaptive-lb/cassandra/lib`` (``$ADAPTIVE_LB_CACHE/cassandra/lib`` if that is set);
 each node is a ``CassandraDaemon`` JVM started straight from that classpath with its own
 ``cassandra.yaml``, ``cassandra-rackdc.properties`` and ``logback.xml`` under a throwaway
 directory. Typical use::
@@ -60,13 +60,12 @@ __all__ = [
 
 CASSANDRA_VERSION = "5.0.6"
 CASSANDRA_ARTIFACT = f"org.apache.cassandra:cassandra-all:{CASSANDRA_VERSION}"
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CACHE_DIR = (
     Path(os.environ["ADAPTIVE_LB_CACHE"]) / "cassandra"
     if os.environ.get("ADAPTIVE_LB_CACHE")
-    else _REPO_ROOT / ".cache" / "cassandra"
+    else Path.home() / ".cache" / "adaptive-lb" / "cassandra"
 )
-"""Where ``lib/`` (the jars) is kept: ``<repo>/.cache/cassandra`` (git-ignored)."""
+"""Where ``lib/`` (the jars) is kept: beside Simulacron's, outside the repository."""
 
 STORAGE_PORT = 7000
 READY_LOG_LINE = "Starting listening for CQL clients"

@@ -70,3 +70,45 @@ def test_otlp_endpoint_exports_each_request_with_its_decision():
         coordinators.add(attribute_values(event)["server.address"])
     local = {h["address"] for h in report.hosts if h["dc"] == "dc1"}
     assert coordinators and coordinators <= local
+
+
+def test_failed_requests_are_counted_with_why_and_fail_the_command(tmp_path, monkeypatch, capsys):
+    """Requests that time out are counted by type with the first message, the command exits
+    1 saying how many failed, and nothing is written into the current directory (Simulacron's
+    Vert.x used to leave ``.vertx/`` there)."""
+    from adaptive_lb.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    slow = ["--slow-node", "1", "--delay", "50", "--timeout", "0.01", "--policy", "stock"]
+    status = main(["loadtest", "--simulated", *slow, "--duration", "1", "--json"])
+    captured = capsys.readouterr()
+    (report,) = json.loads(captured.out)
+    assert status == 1
+    assert report["errors"].get("OperationTimedOut", 0) > 0
+    assert "OperationTimedOut" in report["error_messages"]
+    assert f"{sum(report['errors'].values()):,} requests failed" in captured.err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_parameter_the_driver_cannot_bind_fails_the_request_not_the_thread(
+    simulacron, driver_factory
+):
+    """Before: each client thread died with a traceback at its first request and the run
+    reported ``0 requests ... errors 0``."""
+    from cassandra.policies import DCAwareRoundRobinPolicy
+
+    from adaptive_lb.peers.load import closed_loop
+
+    query = "SELECT v FROM ks.t WHERE k = ?"
+    nodes = simulacron.create_cluster("bind", [["r1"]])
+    try:
+        simulacron.prime_keyspace("ks", {"dc1": 1})
+        simulacron.prime(query, [{"v": 1}], {"v": "int"}, param_types={"k": "int"})
+        _, session = driver_factory(DCAwareRoundRobinPolicy("dc1"), [nodes["dc1"][0]])
+        statement = session.prepare(query)
+        result = closed_loop(session, lambda i: (statement, [f"key-{i}"]), 2, 1.0)
+    finally:
+        simulacron.remove_cluster("bind")
+    assert result.requests >= 2 and not result.latencies  # both threads went on
+    assert sum(result.errors.values()) == result.requests
+    assert set(result.error_messages) == set(result.errors)
