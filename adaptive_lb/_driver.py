@@ -8,12 +8,15 @@ fails loudly if a driver release renames or removes any of them, on both drivers
 
 from __future__ import annotations
 
+import importlib.metadata
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
 
+import cassandra.cluster
 from attrs import define
-from cassandra.cluster import _NOT_SET
+from cassandra.cluster import ResponseFuture
 from cassandra.policies import (
     DCAwareRoundRobinPolicy,
     DefaultLoadBalancingPolicy,
@@ -35,8 +38,14 @@ __all__ = [
     "ChildChain",
     "analyse_child",
     "child_of",
+    "driver_release",
     "tablets_of",
+    "tracking_problems",
 ]
+
+_NOT_SET: Any = getattr(cassandra.cluster, "_NOT_SET", None)
+"""The driver's "no result yet" sentinel (None: this driver has none; see
+:func:`tracking_problems`)."""
 
 LOCAL_DISTANCES: frozenset[int] = frozenset(
     d for d in (getattr(HostDistance, "LOCAL_RACK", None), HostDistance.LOCAL) if d is not None
@@ -286,3 +295,48 @@ def hook_future(future: Any, attempts: Any, every_end: bool = False) -> None:
     future._adaptive_lb_attempts = attempts
     cls = type(future)
     future.__class__ = _TRACKED_CLASSES.get((cls, every_end)) or _tracked_class(cls, every_end)
+
+
+_HOOKED_METHODS: dict[str, tuple[str, ...]] = {
+    "_query": ("host", "message", "cb"),
+    "_set_result": ("host", "connection", "pool", "response"),
+    "_set_final_result": ("response",),
+    "_set_final_exception": ("response",),
+}
+"""The ``ResponseFuture`` methods :func:`hook_future` overrides, and their leading
+parameters (after ``self``) as it calls them."""
+
+
+def tracking_problems(future_class: type = ResponseFuture) -> list[str]:
+    """What request tracking relies on in this driver and does not find, checked when a
+    session is instrumented (empty: all there). A driver release that renamed one of them
+    would otherwise have its requests hooked wrongly; the caller turns tracking off instead.
+    ``tests/unit/test_driver_contract.py`` pins the same and more, at test time."""
+    problems = []
+    if _NOT_SET is None:
+        problems.append("cassandra.cluster._NOT_SET is gone")
+    for name, expected in _HOOKED_METHODS.items():
+        method = getattr(future_class, name, None)
+        if not callable(method):
+            problems.append(f"ResponseFuture.{name} is gone")
+            continue
+        try:
+            parameters = tuple(inspect.signature(method).parameters)[1 : 1 + len(expected)]
+        except (TypeError, ValueError):  # compiled without a signature: nothing to compare
+            continue
+        if parameters != expected:
+            problems.append(
+                f"ResponseFuture.{name} takes {', '.join(parameters) or 'nothing'} "
+                f"(expected {', '.join(expected)})"
+            )
+    return problems
+
+
+def driver_release() -> str:
+    """The distribution and version providing the ``cassandra`` module, for messages."""
+    for distribution in ("scylla-driver", "cassandra-driver"):
+        try:
+            return f"{distribution} {importlib.metadata.version(distribution)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return f"cassandra module {getattr(cassandra, '__version__', '?')}"

@@ -35,7 +35,12 @@ from cassandra.protocol import (
     WriteTimeoutErrorMessage,
 )
 
-from adaptive_lb._driver import FUTURE_POLICY_ATTRIBUTE, hook_future
+from adaptive_lb._driver import (
+    FUTURE_POLICY_ATTRIBUTE,
+    driver_release,
+    hook_future,
+    tracking_problems,
+)
 from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
 from adaptive_lb.stats import HostStats
 from adaptive_lb.tracing import current_recording_span
@@ -202,6 +207,13 @@ class RequestTracker:
         or None."""
         self.policies = session_policies(session)
         """The session's adaptive policies (execution profiles and legacy)."""
+        self.problems = tracking_problems()
+        """What this driver lacks that tracking hooks; not empty: no request is tracked
+        (nor touched), and the policies plan as if every host were idle."""
+        if self.problems:
+            self._closed = True
+            _warn_unknown_driver(self.problems)
+            return
         session.add_request_init_listener(self._on_request)
         for policy in self.policies:
             policy.tracking_attached()
@@ -243,6 +255,24 @@ class RequestTracker:
         for policy in self.policies:
             policy.tracking_attached(False)
             policy.stop_health_refresh()
+
+
+_warned_drivers: set[str] = set()
+
+
+def _warn_unknown_driver(problems: list[str]) -> None:
+    """One WARNING per driver release and process: tracking is off, and why."""
+    release = driver_release()
+    if release in _warned_drivers:
+        return
+    _warned_drivers.add(release)
+    log.warning(
+        "adaptive-lb: %s is not a driver release whose internals request tracking knows "
+        "(%s): requests are not tracked and every host looks idle; plans are still "
+        "ordered by rack, replica and health. docs/deployment.md lists the tested releases.",
+        release,
+        "; ".join(problems),
+    )
 
 
 def session_policies(session: Any) -> list[AdaptiveLoadBalancingPolicy]:

@@ -200,6 +200,35 @@ def policy_labels(text: str, name: str) -> dict[str, float]:
     return sums
 
 
+def test_a_driver_release_tracking_does_not_know_is_left_alone(
+    driver_factory, nodes, monkeypatch, caplog
+):
+    """Issue 25: on a driver whose internals are not what request tracking hooks (stood in
+    for by the check's answer: no such release exists), attach warns once, naming the
+    release, and tracks nothing: every request goes through the driver's own classes and
+    succeeds, and the policy says tracking is off."""
+    from cassandra.cluster import ResponseFuture
+
+    from adaptive_lb import tracking
+
+    monkeypatch.setattr(tracking, "tracking_problems", lambda: ["ResponseFuture._query is gone"])
+    monkeypatch.setattr(tracking, "_warned_drivers", set())
+    policy = adaptive_policy()
+    _, session = driver_factory(policy, contact_points=[nodes[0]])
+    with caplog.at_level("WARNING", logger="adaptive_lb.tracking"):
+        adaptive_lb.attach(session)
+        adaptive_lb.attach(session)  # idempotent: still one warning
+    statement = session.prepare(QUERY)
+    wait_for_pools(session, "dc1")
+    futures = [session.execute_async(statement, [k]) for k in range(20)]
+    assert all(future.result().one().v == 1 for future in futures)
+    assert {type(future) for future in futures} == {ResponseFuture}
+    assert not policy.request_tracking
+    (warning,) = [r for r in caplog.records if "request tracking knows" in r.getMessage()]
+    assert tracking.driver_release() in warning.getMessage()
+    assert "ResponseFuture._query is gone" in warning.getMessage()
+
+
 def test_attach_again_after_shutdown_and_two_live_sessions(driver_factory, nodes):
     """In prometheus_client's global registry, as an application has it: connect, attach,
     ``cluster.shutdown()``, then a new Cluster with a new policy and attach again; then a

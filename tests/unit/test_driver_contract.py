@@ -21,9 +21,11 @@ from adaptive_lb._driver import (
     FUTURE_POLICY_ATTRIBUTE,
     analyse_child,
     child_of,
+    driver_release,
     keyspace_replica_map,
     tablets_of,
     token_value_function,
+    tracking_problems,
 )
 from adaptive_lb.sim.driver_topology import build_cluster
 
@@ -108,3 +110,27 @@ def test_response_future_keeps_its_policy_where_tracking_reads_it():
     session = types.SimpleNamespace(row_factory=None, keyspace=None, cluster=cluster)
     future = ResponseFuture(session, None, None, None, load_balancer=policy)
     assert getattr(future, FUTURE_POLICY_ATTRIBUTE) is policy
+
+
+def test_the_runtime_check_finds_nothing_missing_in_this_driver():
+    """What attach checks on the driver a user has (``tracking_problems``): nothing is
+    missing in the releases we test, so tracking is on."""
+    assert tracking_problems() == []
+    assert driver_release().split()[0] in ("cassandra-driver", "scylla-driver")
+
+
+def test_the_runtime_check_names_what_a_driver_release_changed():
+    """A release that renamed what the hook overrides (a subclass stands in for it: no such
+    release exists) is named, method and parameters, so tracking stays off."""
+    from cassandra.cluster import ResponseFuture
+
+    class Renamed(ResponseFuture):
+        def _query(self, target, message=None, cb=None):
+            return None
+
+        _set_final_exception = None
+
+    assert tracking_problems(Renamed) == [
+        "ResponseFuture._query takes target, message, cb (expected host, message, cb)",
+        "ResponseFuture._set_final_exception is gone",
+    ]
