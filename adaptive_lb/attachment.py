@@ -13,7 +13,10 @@ profiles use :class:`~adaptive_lb.policy.AdaptiveLoadBalancingPolicy`:
 5. ``reload.enabled``: watches the file and applies each valid change.
 
 Whatever the config enables either takes effect or the call raises :class:`ConfigError`
-naming what is missing, having started nothing. Calling it again returns the same
+naming what is missing, having started nothing -- but for a metrics port: when none of
+``metrics.port`` .. ``+ port_count - 1`` is free (another worker of a pre-fork server took
+it), a WARNING says so and the session is routed and tracked without ``/metrics``, unless
+``metrics.required``. Calling it again returns the same
 :class:`Attachment`; :meth:`Attachment.close` or ``session.shutdown()`` stops it all.
 
 Any number of sessions may be attached in one process, at once or one after another: their
@@ -75,6 +78,12 @@ class Attachment:
     def tracer_provider(self) -> Any | None:
         """The OTLP tracer provider built from the config, if any."""
         return self.exporters.tracer_provider
+
+    @property
+    def prometheus_problem(self) -> str | None:
+        """Why ``/metrics`` is not served although enabled (no free port in
+        ``metrics.port`` .. ``+ port_count - 1``), else None."""
+        return self.exporters.prometheus_problem
 
     @property
     def prometheus_port(self) -> int | None:
@@ -216,10 +225,18 @@ def attach(
             metrics_config = config.metrics
             raise ConfigError(
                 f"metrics.port: cannot serve /metrics on {metrics_config.bind_address}:"
-                f"{metrics_config.port}: {exc.strerror or exc}",
+                f"{metrics_config.port} (port_count {metrics_config.port_count}, "
+                f"required): {exc.strerror or exc}",
                 source=path,
             ) from exc
         attachment.exporters = exporters
+        if exporters.prometheus_problem is not None:
+            log.warning(
+                "adaptive-lb: %s; this process (pid %d) routes and tracks without it "
+                "(metrics.required: false)",
+                exporters.prometheus_problem,
+                os.getpid(),
+            )
         provider = tracer_provider or exporters.tracer_provider
         if provider is not None:
             for policy in policies:

@@ -236,6 +236,14 @@ class MetricsConfig:
     """Address of the Prometheus endpoint: loopback unless you mean otherwise."""
     port: int = field(default=9464, validator=[integer, ge(0), le(65535)])
     """Port of the Prometheus endpoint (0: any free port)."""
+    port_count: int = field(default=1, validator=[integer, ge(1), le(1024)])
+    """Ports from ``port`` on (up to 65535) that this process may serve on: it takes the
+    first free one. One per worker of a pre-fork server (gunicorn, uwsgi), each worker's endpoint
+    scraped as a target of its own (docs/deployment.md)."""
+    required: bool = field(default=False, validator=boolean)
+    """What attach does when no port is free: false, log a WARNING and route and track
+    without ``/metrics`` (a worker is never left without adaptive routing for want of a
+    port); true, raise ``ConfigError`` and start nothing."""
     otel_enabled: bool = field(default=False, validator=boolean)
     """Publish the same numbers as OpenTelemetry observable instruments."""
 

@@ -15,7 +15,7 @@ from typing import Any
 from attrs import define, field
 from prometheus_client import CollectorRegistry
 
-from adaptive_lb.config import Config
+from adaptive_lb.config import Config, MetricsConfig
 from adaptive_lb.exporters.otel_metrics import register_otel_metrics, unregister_otel_metrics
 from adaptive_lb.exporters.otlp import setup_tracing
 from adaptive_lb.exporters.prometheus import _policies, start_prometheus_server
@@ -31,6 +31,9 @@ class Exporters:
     """The OTLP ``TracerProvider`` (pass it to the policy, or make it global)."""
     prometheus_server: Any | None = None
     """The HTTP server of ``/metrics`` (``.server_port`` is its port)."""
+    prometheus_problem: str | None = None
+    """Why ``/metrics`` is not served although enabled (no free port, ``metrics.required``
+    false); None when it is served or not enabled."""
     otel_instruments: list[Any] = field(factory=list)
     """The observable instruments registered on the meter provider."""
     _otel_release: Callable[[], None] | None = field(default=None, init=False, repr=False)
@@ -49,6 +52,36 @@ class Exporters:
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
             self.tracer_provider = None
+
+
+def _ports(metrics: MetricsConfig) -> str:
+    """``addr:port`` or ``addr:first-last``, for messages."""
+    last = min(metrics.port + metrics.port_count - 1, 65535)
+    ports = f"{metrics.port}-{last}" if metrics.port and last > metrics.port else metrics.port
+    return f"{metrics.bind_address}:{ports}"
+
+
+def _serve(
+    metrics: MetricsConfig,
+    policies: list[Any],
+    registry: CollectorRegistry | None,
+    names: Sequence[str] | None,
+) -> Any:
+    """The server of the first port of ``metrics.port`` .. ``+ port_count - 1`` that this
+    process may serve on (another process's, or another registry's, is skipped); the last
+    ``OSError`` when there is none."""
+    count = metrics.port_count if metrics.port else 1
+    error: OSError | None = None
+    for port in range(metrics.port, min(metrics.port + count, 65536)):
+        try:
+            server, _thread = start_prometheus_server(
+                port, addr=metrics.bind_address, policies=policies, registry=registry, names=names
+            )
+            return server
+        except OSError as exc:
+            error = exc
+    assert error is not None
+    raise error
 
 
 def start_exporters(
@@ -76,13 +109,14 @@ def start_exporters(
             exporters.tracer_provider = setup_tracing(config)
         metrics = config.metrics
         if metrics.prometheus_enabled:
-            exporters.prometheus_server, _thread = start_prometheus_server(
-                metrics.port,
-                addr=metrics.bind_address,
-                policies=policies,
-                registry=registry,
-                names=names,
-            )
+            try:
+                exporters.prometheus_server = _serve(metrics, policies, registry, names)
+            except OSError as exc:
+                if metrics.required:
+                    raise
+                exporters.prometheus_problem = (
+                    f"cannot serve /metrics on {_ports(metrics)}: {exc.strerror or exc}"
+                )
         if metrics.otel_enabled:
             exporters.otel_instruments = register_otel_metrics(policies, meter_provider, names)
             exporters._otel_release = partial(unregister_otel_metrics, policies, meter_provider)

@@ -150,15 +150,16 @@ def test_attachments_asking_for_one_port_share_its_server(registry):
         one.close()
 
 
-def test_a_port_serving_another_registry_is_a_config_error():
+def test_a_port_serving_another_registry_is_a_config_error_when_required():
     port = free_tcp_port()
     first = adaptive_lb.attach(
         StandInSession(busy_policy(1)), prometheus(port), registry=CollectorRegistry()
     )
     try:
         session = StandInSession(busy_policy(2))
-        with pytest.raises(ConfigError, match=rf"metrics\.port: .*:{port}: .*another .*registry"):
-            adaptive_lb.attach(session, prometheus(port), registry=CollectorRegistry())
+        required = Config(metrics=MetricsConfig(prometheus_enabled=True, port=port, required=True))
+        with pytest.raises(ConfigError, match=rf"metrics\.port: .*:{port} .*another .*registry"):
+            adaptive_lb.attach(session, required, registry=CollectorRegistry())
         assert (
             session.listeners == []
             and not session.cluster.profile_manager.profiles[

@@ -96,6 +96,8 @@ BOUNDS = [
     ("metrics.prometheus_enabled", [True], ["on"], "must be true or false"),
     ("metrics.bind_address", ["127.0.0.1", "::1"], [127], "must be a string"),
     ("metrics.port", [0, 65535], [-1, 65536], "must be >= 0, got -1"),
+    ("metrics.port_count", [1, 1024], [0, 1025], "must be >= 1, got 0"),
+    ("metrics.required", [True, False], [1, "yes"], "must be true or false"),
     ("metrics.otel_enabled", [True], [1], "must be true or false, got an integer (1)"),
     ("privacy.routing_keys", [True], ["on"], "must be true or false"),
     ("privacy.statement_text", [True], [None], "must be true or false, got null"),
