@@ -201,7 +201,8 @@ def assess(
     )
     stalled = 0 < config.stall_timeout <= stalled_s
     tail_errors = enough_requests and error_rate > config.error_rate
-    errors_why = None if tail_errors else erroring_by_evidence(window, config)
+    # The evidence rules judge hosts the tail rules cannot yet (fewer than min_samples).
+    errors_why = None if enough_requests else erroring_by_evidence(window, config)
     erroring = tail_errors or errors_why is not None
     tail_slow = (
         enough_samples and threshold is not None and latency is not None and latency > threshold
@@ -213,7 +214,9 @@ def assess(
         and now_ns - returned_ns < RELAPSE_WINDOWS * window_s * _NS
     )
     least = 1 if relapsing else MIN_EVIDENCE  # just back from SLOW: one clear answer will do
-    slow_why = None if tail_slow else slow_by_evidence(window, peer_typical, spread, config, least)
+    slow_why = (
+        None if enough_samples else slow_by_evidence(window, peer_typical, spread, config, least)
+    )
     slow = tail_slow or slow_why is not None
     state = previous.state
     in_state_s = (now_ns - previous.since_ns) / _NS
