@@ -42,7 +42,7 @@ from typing import Any
 
 from cassandra.policies import LoadBalancingPolicy
 
-from adaptive_lb._driver import LOCAL_DISTANCES, analyse_child
+from adaptive_lb._driver import LOCAL_DISTANCES, analyse_child, cluster_is_open
 from adaptive_lb.clock import SYSTEM_CLOCK, Clock
 from adaptive_lb.config import Config
 from adaptive_lb.counting import counter_value, new_counter
@@ -286,11 +286,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         previous = self._cluster
         if previous is None or self._metadata is cluster.metadata:
             return
-        try:
-            open_ = not getattr(previous, "is_shutdown", False)
-        except ReferenceError:  # the driver passes a weakref.proxy of its Cluster
-            open_ = False
-        if open_:
+        if cluster_is_open(previous):
             raise ValueError(
                 "this AdaptiveLoadBalancingPolicy already serves another Cluster that is "
                 "still open; give each Cluster its own policy object"
