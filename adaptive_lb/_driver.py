@@ -38,6 +38,7 @@ __all__ = [
     "ChildChain",
     "analyse_child",
     "child_of",
+    "cluster_is_open",
     "driver_release",
     "tablets_of",
     "tracking_problems",
@@ -71,6 +72,15 @@ _MEMBERSHIP_METHODS = ("make_query_plan", "distance", "populate", "on_up", "on_d
 def child_of(policy: LoadBalancingPolicy) -> LoadBalancingPolicy:
     """The child of a stock wrapper policy (private ``_child_policy`` on both drivers)."""
     return policy._child_policy
+
+
+def cluster_is_open(cluster: Any) -> bool:
+    """Whether the ``Cluster`` a policy was populated with is still open: the driver hands
+    policies a ``weakref.proxy`` of it, dead once the Cluster is garbage-collected."""
+    try:
+        return not getattr(cluster, "is_shutdown", False)
+    except ReferenceError:
+        return False
 
 
 def tablets_of(metadata: Any) -> Any | None:

@@ -13,11 +13,16 @@ none of the plan's fill hosts does (under load) -- the best replica is yielded b
 other candidates are ordered: the driver usually asks for one host. An exception inside the
 algorithm is counted and answered with the child's plan; an exception raised by the child
 itself reaches the caller, as it would without adaptive-lb.
+
+With ``policy.enabled: false`` the ordering is off: :meth:`Planner.child_plan` hands over
+the child's own plan, untouched (:attr:`Planner.make_plan` is the one swapped on reload, so
+the hot path pays nothing to ask).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -39,10 +44,13 @@ if TYPE_CHECKING:
 
 __all__ = ["DECISION_POSITIONS", "PlanRecord", "PlanSettings", "Planner"]
 
+log = logging.getLogger("adaptive_lb.policy")
+
 DECISION_POSITIONS = ("replica", "non_replica", "local", "child", "fallback")
 """Where a plan's first host came from: a replica, a non-replica that scored better than
 every replica, the least-loaded local host (no routing key or no replica), the child's plan
-(no local candidate, or a target host), or the child's plan after an internal error."""
+(no local candidate, a target host, or the ordering off: ``policy.enabled: false``), or the
+child's plan after an internal error."""
 
 # A statement is treated as a lightweight transaction when scylla-driver's ``is_lwt()`` says
 # so (conditional prepared statements) or when it reads at SERIAL / LOCAL_SERIAL
@@ -67,6 +75,8 @@ class PlanSettings:
     ``unknown`` (none)."""
     rack_learning: RackLearningConfig | None = None
     """How to learn the rack (only when ``local_rack_source`` is ``learned``)."""
+    enabled: bool = True
+    """``policy.enabled``: false, every plan is the child's own (:meth:`Planner.child_plan`)."""
 
     @classmethod
     def of(cls, config: Config, chain: ChildChain) -> PlanSettings:
@@ -84,6 +94,7 @@ class PlanSettings:
             local_rack=local_rack,
             local_rack_source=source,
             rack_learning=p.rack_learning if source == "learned" else None,
+            enabled=p.enabled,
         )
 
 
@@ -108,6 +119,8 @@ class PlanRecord:
     """The client's rack in force (None: none known)."""
     local_rack_source: str = "unknown"
     """Where it comes from (:data:`adaptive_lb.locality.LOCAL_RACK_SOURCES`)."""
+    enabled: bool = True
+    """False: the ordering was off (``policy.enabled``), the plan is the child's own."""
 
 
 class Planner:
@@ -127,15 +140,48 @@ class Planner:
         self.child = child
         self.chain = chain
         self.book = book
-        self.settings = settings
         self.resolver: ReplicaResolver | None = None
         self._on_error = on_error
         # itertools.count: one C-level next() per plan, atomic, no Python lock.
         self._decisions = {position: itertools.count() for position in DECISION_POSITIONS}
+        self.settings = settings
+        self.make_plan: Callable[..., Iterator[Any]] = self.plan
+        """What makes the next plan: :meth:`plan`, or :meth:`child_plan` while
+        ``policy.enabled`` is false. One reference, swapped by :meth:`configure`."""
+        self.configure(settings)
+
+    def configure(self, settings: PlanSettings) -> None:
+        """Publish ``settings`` (at construction and on reload; a plan in progress keeps
+        the ones it started with), and log one INFO line when the ordering turns on or off."""
+        was_enabled = self.settings.enabled
+        self.settings = settings
+        self.make_plan = self.plan if settings.enabled else self.child_plan
+        if settings.enabled != was_enabled:
+            log.info(
+                "adaptive-lb: policy.enabled is now %s: %s",
+                "true" if settings.enabled else "false",
+                "plans are ordered by load and health again"
+                if settings.enabled
+                else "every plan is the child policy's own, unchanged (tracking, health, "
+                "metrics and decision events carry on)",
+            )
 
     def decisions(self) -> dict[str, int]:
         """Plans made so far, by :data:`DECISION_POSITIONS`."""
         return {position: counter_value(c) for position, c in self._decisions.items()}
+
+    def child_plan(
+        self, working_keyspace: str | None, query: Any, record: PlanRecord | None = None
+    ) -> Iterator[Any]:
+        """The child's plan for this call, exactly: its own iterator, nothing reordered or
+        skipped (``policy.enabled: false``). Counted as a ``child`` decision."""
+        next(self._decisions["child"])
+        if record is not None:
+            record.enabled = False
+            record.keyspace = getattr(query, "keyspace", None) or working_keyspace
+            local_rack = self.book.local_rack
+            record.local_rack, record.local_rack_source = local_rack.rack, local_rack.source
+        return self.child.make_query_plan(working_keyspace, query)
 
     def plan(
         self, working_keyspace: str | None, query: Any, record: PlanRecord | None = None

@@ -15,6 +15,8 @@ are tried:
    (:mod:`adaptive_lb.scoring`), ascending, ties broken at random;
 4. then the rest of the child's plan minus the hosts already yielded.
 
+``policy.enabled: false`` turns the ordering off: each plan is the child's, untouched.
+
 Guarantees:
 
 * The hosts yielded are exactly the child's plan, each once: candidates come from the
@@ -42,7 +44,7 @@ from typing import Any
 
 from cassandra.policies import LoadBalancingPolicy
 
-from adaptive_lb._driver import LOCAL_DISTANCES, analyse_child
+from adaptive_lb._driver import LOCAL_DISTANCES, analyse_child, cluster_is_open
 from adaptive_lb.clock import SYSTEM_CLOCK, Clock
 from adaptive_lb.config import Config
 from adaptive_lb.counting import counter_value, new_counter
@@ -286,11 +288,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         previous = self._cluster
         if previous is None or self._metadata is cluster.metadata:
             return
-        try:
-            open_ = not getattr(previous, "is_shutdown", False)
-        except ReferenceError:  # the driver passes a weakref.proxy of its Cluster
-            open_ = False
-        if open_:
+        if cluster_is_open(previous):
             raise ValueError(
                 "this AdaptiveLoadBalancingPolicy already serves another Cluster that is "
                 "still open; give each Cluster its own policy object"
@@ -454,7 +452,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             old = self._config
             self._config = config
             self._config_hash = config.hash
-            self._planner.settings = PlanSettings.of(config, self._chain)
+            self._planner.configure(PlanSettings.of(config, self._chain))
             if old.health != config.health or old.tracking != config.tracking:
                 self.health.reconfigure(config.health, window_s=config.tracking.window)
             if old.tracking != config.tracking:
@@ -479,7 +477,8 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
     def make_query_plan(
         self, working_keyspace: str | None = None, query: Any = None
     ) -> Iterator[Any]:
-        """Yield hosts: the best-scored candidates first, then the rest of the child's plan.
+        """Yield hosts: the best-scored candidates first, then the rest of the child's plan
+        (``policy.enabled: false``: the child's plan itself, exactly).
 
         See the module docstring for the guarantees. When a span is recording in the
         current context, the decision is recorded on it (see :mod:`adaptive_lb.tracing`).
@@ -493,13 +492,13 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
                 decisions.ratio >= 1.0 or random() < decisions.ratio
             ):
                 return self._traced_plan(span, working_keyspace, query)
-        return self._planner.plan(working_keyspace, query)
+        return self._planner.make_plan(working_keyspace, query)
 
     def _traced_plan(
         self, span: Any | None, working_keyspace: str | None, query: Any
     ) -> Iterator[Any]:
         record = PlanRecord()
-        hosts = list(self._planner.plan(working_keyspace, query, record))
+        hosts = list(self._planner.make_plan(working_keyspace, query, record))
         if self.decisions.tracer is None:  # a reload disabled tracing meanwhile
             return iter(hosts)
         try:

@@ -140,6 +140,10 @@ class PolicySnapshot:
     the difference of ``taken_seconds``)."""
     config_hash: str = field(metadata=_NOW)
     """Short content hash of the config in force."""
+    enabled: bool = field(metadata=_CONFIG)
+    """The policy orders plans by load and health (``policy.enabled``). False: every plan
+    is exactly the child policy's own, while tracking, health and every other number here
+    keep running, to compare with."""
     window_seconds: float = field(metadata=_CONFIG)
     """Length of the statistics window (``tracking.window``) behind the ``window_*``
     fields."""
@@ -251,6 +255,7 @@ class PolicySnapshot:
         return cls(
             taken_seconds=now_ns / _NS,
             config_hash=policy.config_hash,
+            enabled=config.policy.enabled,
             window_seconds=config.tracking.window,
             health_refresh_interval_seconds=config.health.refresh_interval,
             health_refreshes=health.refreshes,

@@ -106,6 +106,9 @@ class Decision:
     """The client's rack in force (None: none known, no rack penalty)."""
     local_rack_source: str = "unknown"
     """``configured``, ``child``, ``learned`` or ``unknown``."""
+    enabled: bool = True
+    """False: the ordering was off (``policy.enabled``); the plan is the child's own and its
+    first host is the child's first (``position`` ``child``, no candidates)."""
 
 
 def build_decision(
@@ -178,6 +181,7 @@ def build_decision(
         routing_key=routing_key if routing_keys else None,
         local_rack=record.local_rack,
         local_rack_source=record.local_rack_source,
+        enabled=record.enabled,
     )
     return decision, events
 
@@ -203,6 +207,7 @@ class DecisionTracer:
             "adaptive_lb.lwt": decision.lwt,
             "adaptive_lb.replica_count": decision.replica_count,
             "adaptive_lb.position": decision.position,
+            "adaptive_lb.enabled": decision.enabled,
             "adaptive_lb.fallback": decision.fallback,
             "adaptive_lb.config_hash": decision.config_hash,
             "adaptive_lb.plan_length": decision.plan_length,

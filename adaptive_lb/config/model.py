@@ -57,6 +57,10 @@ class PolicyConfig:
     the live local replicas of the routing key, then random live local hosts, each scored
     by its in-flight requests times its penalties."""
 
+    enabled: bool = field(default=True, validator=boolean)
+    """Order plans by load and health. false: every plan is exactly the child policy's plan,
+    in its order (nothing reordered), while request tracking, health, metrics and decision
+    events carry on: an off switch to compare with, flipped by a hot reload, no restart."""
     sample_size: int = field(default=8, validator=[integer, ge(1), le(64)])
     """Most candidates scored per plan: replicas first, then random local hosts."""
     non_local_rack_penalty: float = field(default=4.0, validator=[number, ge(1.0)])

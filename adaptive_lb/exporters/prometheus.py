@@ -24,7 +24,9 @@ Families (``_total`` is added by the exposition format to counters):
   errors answered with the child's plan), ``adaptive_lb_internal_errors_total{stage=...}``
   (every internal error, see :data:`adaptive_lb.errors.ERROR_STAGES`),
   ``adaptive_lb_config_reloads_total{result=...}``,
-  ``adaptive_lb_config_info{hash=...}``, ``adaptive_lb_request_tracking_attached`` (gauge:
+  ``adaptive_lb_config_info{hash=...}``, ``adaptive_lb_policy_enabled`` (gauge: 1 while
+  the policy orders plans, 0 while ``policy.enabled`` is false and every plan is the child
+  policy's own), ``adaptive_lb_request_tracking_attached`` (gauge:
   1 when request tracking is attached, 0 when every host looks idle for want of it),
   ``adaptive_lb_untracked_plans_total`` (plans made meanwhile),
   ``adaptive_lb_local_rack_info{rack=...,source=...}`` (the client's rack and whether it is
@@ -113,6 +115,13 @@ _HOST_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
 
 # (family class, name, help, PolicySnapshot attribute): one sample per policy.
 _POLICY_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
+    (
+        GaugeMetricFamily,
+        "adaptive_lb_policy_enabled",
+        "1 when the policy orders plans by load and health (policy.enabled), 0 when every "
+        "plan is the child policy's own, unchanged.",
+        "enabled",
+    ),
     (
         CounterMetricFamily,
         "adaptive_lb_replica_cache_hits",

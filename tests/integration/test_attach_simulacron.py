@@ -32,6 +32,7 @@ from adaptive_lb import AdaptiveLoadBalancingPolicy
 from adaptive_lb.config import parse_config
 from adaptive_lb.request_spans import ATTEMPT_EVENT
 from adaptive_lb.tracing import EVENT_NAME
+from tests.integration.load import closed_loop
 from tests.integration.simulacron import Simulacron, wait_for_pools
 from tests.otlp_receiver import attribute_values, otlp_http_receiver
 
@@ -44,6 +45,8 @@ SLOW = "SELECT v FROM ks.slow WHERE k = ?"
 OVERLOADED = "SELECT v FROM ks.over WHERE k = ?"
 SPECULATIVE = "SELECT v FROM ks.spec WHERE k = ?"
 HANGING = "SELECT v FROM ks.hang WHERE k = 1"
+ONE_SLOW = "SELECT v FROM ks.oneslow WHERE k = ?"
+"""Answered by every node, the second one slower (``one_slow_ms``)."""
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +65,22 @@ def nodes(simulacron: Simulacron) -> Iterator[list[str]]:
         )
         simulacron.prime(SPECULATIVE, **ROWS, delay_ms=300)
         simulacron.prime_error(HANGING, "no_result")
+        simulacron.prime(ONE_SLOW, **ROWS)
+        simulacron.prime(
+            ONE_SLOW,
+            **ROWS,
+            delay_ms=one_slow_ms(simulacron),
+            scope=simulacron.scope_of(created["dc1"][1]),
+        )
         yield created["dc1"]
     finally:
         simulacron.remove_cluster(CLUSTER)
+
+
+def one_slow_ms(simulacron: Simulacron) -> int:
+    """How much slower the second node answers ``ONE_SLOW`` (Simulacron's stock timer
+    rounds delays to 100 ms)."""
+    return 20 if simulacron.fine_timer else 100
 
 
 def adaptive_policy(config=None) -> AdaptiveLoadBalancingPolicy:
@@ -187,6 +203,71 @@ def test_one_call_starts_what_the_yaml_enables(driver_factory, nodes, tmp_path: 
         assert attachment.watcher is not None and not attachment.watcher.running
         with pytest.raises(OSError):
             scrape(port)
+
+
+def test_the_off_switch_gives_a_slow_node_its_stock_share_then_nothing(
+    simulacron, driver_factory, nodes, tmp_path: Path
+):
+    """``policy.enabled`` flipped in the attached file, as an operator would: off, a node
+    20 ms slower gets the share the stock policy gives it, and the metric says 0; on again
+    (a hot reload, no restart), it gets almost nothing. Tracking and health ran all along:
+    the node was judged SLOW while the ordering was off."""
+    slow = nodes[1]
+    path = tmp_path / "adaptive-lb.yaml"
+    settings = (
+        "metrics: {prometheus_enabled: true, port: 0}\n"
+        "reload: {enabled: true, interval: 50ms}\n"
+        # As in test_adaptive_simulacron's STEADY: no rack learned from loopback speeds, and
+        # the median, which the client's own queueing does not blur.
+        "tracking: {window: 10s, intervals: 5}\n"
+        "health: {percentile: 50, refresh_interval: 100ms, min_samples: 20, slow_start: 2s}\n"
+    )
+    path.write_text(settings + "policy: {local_rack: null, enabled: false}\n")
+
+    def load(session, statement):
+        return closed_loop(session, lambda i: (statement, [i % 5000]), 8, 3.0)
+
+    stock_policy = TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1"))
+    _, stock_session = driver_factory(stock_policy, contact_points=[nodes[0]])
+    stock_statement = stock_session.prepare(ONE_SLOW)
+    wait_for_pools(stock_session, "dc1")
+    stock = load(stock_session, stock_statement)
+
+    policy = adaptive_policy()
+    _, session = driver_factory(policy, contact_points=[nodes[0]])
+    attachment = adaptive_lb.attach(session, path, registry=CollectorRegistry())
+    statement = session.prepare(ONE_SLOW)
+    wait_for_pools(session, "dc1")
+    assert policy.snapshot().enabled is False
+    off = load(session, statement)
+    snapshot = policy.snapshot()
+    assert snapshot.host(slow).health_state == "slow"  # judged while off
+    assert snapshot.host(slow).requests_total >= off.attempts[slow] > 0
+    assert policy_labels(scrape(attachment.prometheus_port), "adaptive_lb_policy_enabled") == {
+        "0": 0.0
+    }
+
+    staged = tmp_path / "staged.yaml"
+    staged.write_text(settings + "policy: {local_rack: null, enabled: true}\n")
+    os.replace(staged, path)
+    deadline = time.monotonic() + 10
+    while not policy.config.policy.enabled and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert policy.snapshot().enabled is True
+    on = load(session, statement)
+    assert policy_labels(scrape(attachment.prometheus_port), "adaptive_lb_policy_enabled") == {
+        "0": 1.0
+    }
+    print(
+        f"\n+{one_slow_ms(simulacron)} ms on {slow}: share stock {stock.share(slow):.1%} "
+        f"({stock.requests} req), off {off.share(slow):.1%} ({off.requests} req), "
+        f"on {on.share(slow):.1%} ({on.requests} req)"
+    )
+    assert stock.share(slow) > 0.2
+    assert abs(off.share(slow) - stock.share(slow)) < 0.1
+    assert on.share(slow) <= 0.05
+    assert not (stock.errors or off.errors or on.errors)
+    assert policy.internal_errors == 0
 
 
 def policy_labels(text: str, name: str) -> dict[str, float]:

@@ -47,6 +47,7 @@ EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.yaml"))
 # (key path, valid values, invalid values, words expected in the error of the first invalid
 # value -- the others may fail on their type instead). Every leaf key is in this table.
 BOUNDS = [
+    ("policy.enabled", [True, False], ["off", 0, None], "must be true or false, got a string"),
     ("policy.sample_size", [1, 64, 8.0], [0, 65, 2.5, "8", True, None], "must be >= 1, got 0"),
     ("policy.non_local_rack_penalty", [1, 1.0, 100], [0.99, -1, "x"], "must be >= 1, got 0.99"),
     ("policy.rack_proximity_cap", [1, 2.5, 100], [0.5, 100.5, "4"], "must be >= 1, got 0.5"),
