@@ -31,10 +31,12 @@ import importlib.util
 import logging
 import os
 import threading
+import weakref
 from typing import Any
 
 from opentelemetry import trace
 
+from adaptive_lb import forks
 from adaptive_lb.config import Config, ConfigError, ConfigWatcher, load_config
 from adaptive_lb.exporters.otlp import INSTALL_HINT
 from adaptive_lb.exporters.setup import Exporters, start_exporters
@@ -48,6 +50,20 @@ log = logging.getLogger("adaptive_lb.attach")
 
 _ATTRIBUTE = "_adaptive_lb_attachment"
 _lock = threading.Lock()
+_live: weakref.WeakSet[Attachment] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """An attachment inherited across fork is the parent's (:mod:`adaptive_lb.forks`):
+    closed here without stopping what runs there; attach anew after the fork."""
+    global _lock
+    _lock = threading.Lock()
+    for attachment in list(_live):
+        attachment.closed = True
+        attachment.forked_from_pid = forks.parent_pid()
+
+
+forks.on_fork_in_child(_after_fork_in_child)
 
 
 class Attachment:
@@ -73,6 +89,9 @@ class Attachment:
         """The Prometheus server, OTel instruments and OTLP tracer provider started."""
         self.watcher: ConfigWatcher | None = None
         self.closed = False
+        self.forked_from_pid: int | None = None
+        """Set in a process forked after attach: the pid it came from (closed here)."""
+        _live.add(self)
 
     @property
     def tracer_provider(self) -> Any | None:

@@ -44,6 +44,7 @@ from typing import Any
 
 from cassandra.policies import LoadBalancingPolicy
 
+from adaptive_lb import forks
 from adaptive_lb._driver import LOCAL_DISTANCES, analyse_child, cluster_is_open
 from adaptive_lb.clock import SYSTEM_CLOCK, Clock
 from adaptive_lb.config import Config
@@ -136,6 +137,10 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         self._reload_lock = threading.Lock()
         self.config_reloads = {"success": 0, "failure": 0}
         """Reloads through :meth:`reload`, by result."""
+        self.forked_from_pid: int | None = None
+        """Set in a process forked after this policy was made: the pid it came from (see
+        :meth:`inherited_across_fork`)."""
+        forks.watch(self)
 
     # ------------------------------------------------------------------ properties
 
@@ -237,6 +242,17 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         """Declare that something feeds this policy's statistics per attempt (``attached``)
         or stopped doing so: request tracking does, and the simulator's feedback."""
         self._tracking.attach(attached)
+
+    def inherited_across_fork(self, parent_pid: int) -> None:
+        """Called in a child forked after this policy was made (:mod:`adaptive_lb.forks`):
+        the session's connections and threads stayed in ``parent_pid``, so the policy no
+        longer claims request tracking, forgets its refresh thread and drops the in-flight
+        counts of the parent's requests, whose answers will never come here."""
+        self.forked_from_pid = parent_pid
+        self._tracking.detach_all()
+        self._refresh.forget_thread()
+        for view in self._book.topology.by_id.values():
+            view.stats.in_flight = 0
 
     def record_error(self, stage: str, what: str) -> None:
         """Count an exception caught in ``stage`` (see :data:`adaptive_lb.errors.ERROR_STAGES`)

@@ -136,6 +136,12 @@ class HealthRefresh:
                 self._thread = HealthRefresher(policy)
                 self._thread.start()
 
+    def forget_thread(self) -> None:
+        """In a forked child: the thread stayed in the parent (and its lock may be held
+        there); :meth:`start` may start a new one."""
+        self._thread_lock = threading.Lock()
+        self._thread = None
+
     def stop(self) -> None:
         """Stop the thread (if running) and wait for it."""
         with self._thread_lock:

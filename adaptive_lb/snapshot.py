@@ -157,6 +157,9 @@ class PolicySnapshot:
     False every host looks idle and unmeasured."""
     untracked_plans: int = field(metadata=_LIFETIME)
     """Plans made while no request tracking was attached."""
+    forked_from_pid: int | None = field(metadata=_LIFETIME)
+    """Set in a process forked after the policy was made: the pid of the process it came
+    from, whose connections and tracking stayed there (docs/deployment.md); None: not."""
     local_rack: str | None = field(metadata=_REFRESH)
     """The client's rack in force (hosts elsewhere get the rack penalty); None: none known
     yet, no rack penalty."""
@@ -261,6 +264,7 @@ class PolicySnapshot:
             health_refreshes=health.refreshes,
             request_tracking=policy.request_tracking,
             untracked_plans=policy.untracked_plans,
+            forked_from_pid=policy.forked_from_pid,
             local_rack=policy.local_rack,
             local_rack_source=policy.local_rack_source,
             untracked_attempts=policy.untracked_attempts,

@@ -53,6 +53,12 @@ class TrackingWatch:
         with self._lock:
             self.sources = max(0, self.sources + (1 if attached else -1))
 
+    def detach_all(self) -> None:
+        """No tracker any more (a forked child: they all stayed in the parent, and so may
+        the lock)."""
+        self._lock = threading.Lock()
+        self.sources = 0
+
     def note_plan(self) -> None:
         """A plan was made with no tracker attached: count it, and warn once after
         :data:`UNTRACKED_PLANS_BEFORE_WARNING` plans or

@@ -68,6 +68,12 @@ class Members:
                 if entry[2] <= 0:
                     del self._entries[id(policy)]
 
+    def clear(self) -> None:
+        """Serve nothing (a forked child: the policies served are the parent's, and the
+        lock may be held there)."""
+        self._lock = threading.Lock()
+        self._entries = {}
+
     def named(self) -> list[tuple[str, Any]]:
         """``(name, policy)`` of every policy served, in the order they were added."""
         with self._lock:

@@ -45,6 +45,7 @@ from typing import Any
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from adaptive_lb import forks
 from adaptive_lb.exporters.members import Members
 from adaptive_lb.exporters.span_counts import DROP_REASONS, span_export_totals
 from adaptive_lb.health_state import HealthState
@@ -76,6 +77,17 @@ _lock = threading.Lock()
 # taking the new callbacks, and has no way to remove one.
 _by_provider: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
 _GLOBAL = type("GlobalMeterProvider", (), {})()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child's instruments read none of the parent's policies."""
+    global _lock
+    _lock = threading.Lock()
+    for instruments in list(_by_provider.values()):
+        instruments.members.clear()
+
+
+forks.on_fork_in_child(_after_fork_in_child)
 
 
 def register_otel_metrics(

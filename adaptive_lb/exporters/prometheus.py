@@ -39,6 +39,7 @@ Families (``_total`` is added by the exposition format to counters):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import threading
@@ -55,6 +56,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from adaptive_lb import forks
 from adaptive_lb.exporters.members import Members
 from adaptive_lb.exporters.span_counts import DROP_REASONS, span_export_totals
 from adaptive_lb.health_state import HealthState
@@ -352,6 +354,23 @@ _collectors: weakref.WeakKeyDictionary[CollectorRegistry, AdaptiveLbCollector] =
 _endpoints: dict[tuple[str, int], _Endpoint] = {}
 
 
+def _after_fork_in_child() -> None:
+    """A forked child serves none of the parent's endpoints or policies
+    (:mod:`adaptive_lb.forks`): their threads stayed there, their sockets are closed here,
+    and attachments made in the child start afresh on the same collectors."""
+    global _lock
+    _lock = threading.RLock()
+    for endpoint in _endpoints.values():
+        with contextlib.suppress(OSError):
+            endpoint.httpd.socket.close()
+    _endpoints.clear()
+    for collector in list(_collectors.values()):
+        collector.members.clear()
+
+
+forks.on_fork_in_child(_after_fork_in_child)
+
+
 def _join(registry: CollectorRegistry, policies: list[Any], names: Sequence[str] | None) -> None:
     collector = _collectors.get(registry)
     if collector is not None:
@@ -418,8 +437,8 @@ class PrometheusServer:
             _leave(self._registry, self._policies)
             endpoint = self._endpoint
             endpoint.holders -= 1
-            if endpoint.holders > 0:
-                return
+            if endpoint.holders > 0 or _endpoints.get(endpoint.key) is not endpoint:
+                return  # held by another call, or the parent's (this is a forked child)
             _endpoints.pop(endpoint.key, None)
             # Under the lock: an attach racing this one binds the port once it is free.
             endpoint.httpd.shutdown()
