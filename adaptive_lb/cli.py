@@ -206,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_loadtest(commands)
 
+    from adaptive_lb.sandbox import add_subcommand as add_sandbox
+
+    add_sandbox(commands)
+
     try:
         from adaptive_lb.sim.cli import add_subcommands as add_sim
     except ImportError:

@@ -40,7 +40,10 @@ __all__ = [
     "span_export_totals",
 ]
 
-INSTALL_HINT = 'pip install "adaptive-lb[otlp]"'
+INSTALL_HINT = (
+    "pip install opentelemetry-sdk opentelemetry-exporter-otlp-proto-http "
+    "opentelemetry-exporter-otlp-proto-grpc (the otlp extra)"
+)
 """What to install for OTLP span export (the OpenTelemetry SDK and both OTLP exporters)."""
 
 _OPTIONAL = ("opentelemetry", "grpc", "google", "requests", "urllib3", "certifi")

@@ -6,6 +6,7 @@ see tests/integration/simulacron.py)."""
 from __future__ import annotations
 
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -63,3 +64,49 @@ def test_the_readme_usage_program_runs(nodes):
     assert all(h[2] == "healthy" for h in hosts)
     assert sum(int(h[3]) for h in hosts) >= 1  # the query was tracked
     assert "WARNING" not in result.stderr  # attach was called: no half-setup warning
+
+
+def test_the_readme_usage_program_runs_against_the_sandbox(tmp_path):
+    """The first hour, in two terminals: ``adaptive-lb sandbox`` (a real process) prints its
+    contact point; the README's program runs against it; Ctrl-C (SIGINT, by PID) stops it,
+    and nothing was written into the current directory."""
+    sandbox = subprocess.Popen(
+        [sys.executable, "-m", "adaptive_lb", "sandbox", "--seconds", "120"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert sandbox.stdout is not None
+        contact = None
+        for line in sandbox.stdout:  # ends by itself: the sandbox stops after 120 s
+            match = re.match(r"contact point: (\S+), port 9042", line)
+            if match:
+                contact = match.group(1)
+                break
+        assert contact, "the sandbox printed no contact point"
+        program = (
+            usage_program()
+            .replace('["127.0.0.1"],', f'["{contact}"], protocol_version=4, compression=False,')
+            .replace("9464", str(free_port()))
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", program],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stderr
+        assert len(result.stdout.splitlines()) == 1 + 3  # the release, then 3 hosts
+    finally:
+        sandbox.send_signal(signal.SIGINT)
+        try:
+            rest, _ = sandbox.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            sandbox.kill()
+            rest, _ = sandbox.communicate()
+    assert sandbox.returncode == 0
+    assert "Simulacron stopped." in rest
+    assert list(tmp_path.iterdir()) == []
