@@ -648,7 +648,8 @@ def test_missing_otlp_extra_is_an_import_error_naming_it(monkeypatch):
     config = TracingConfig(otlp=OtlpConfig(endpoint="http://127.0.0.1:4317", protocol="grpc"))
     module = "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"
     monkeypatch.setitem(sys.modules, module, None)
-    with pytest.raises(ImportError, match=r"pip install opentelemetry-sdk .*\(the otlp extra\)") as info:
+    hint = r"pip install opentelemetry-sdk .*\(the otlp extra\)"
+    with pytest.raises(ImportError, match=hint) as info:
         setup_tracing(config)
     assert info.value.name == module
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk.resources", None)
