@@ -413,6 +413,17 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         """Stop the refresh thread (if running) and wait for it."""
         self._refresh.stop()
 
+    def use_prober(self, send: Any | None, replacing: Any | None = None) -> None:
+        """Send active probes with ``send(order)`` after each health refresh (None: stop).
+        With ``replacing``, only if that is the sender in place (a closing session must
+        not stop another's). :class:`adaptive_lb.prober.Prober` calls it."""
+        refresh = self._refresh
+        with self._book.lock:
+            if replacing is not None and refresh.probe_sender is not replacing:
+                return
+            refresh.probe_sender = send
+            self.health.probing = send is not None
+
     # ------------------------------------------------------------------ snapshot
 
     def snapshot(self) -> PolicySnapshot:

@@ -37,6 +37,7 @@ from cassandra.protocol import (
 
 from adaptive_lb._driver import FUTURE_POLICY_ATTRIBUTE, hook_future
 from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
+from adaptive_lb.prober import Prober
 from adaptive_lb.stats import HostStats
 from adaptive_lb.tracing import current_recording_span
 
@@ -202,12 +203,18 @@ class RequestTracker:
         or None."""
         self.policies = session_policies(session)
         """The session's adaptive policies (execution profiles and legacy)."""
+        self.prober = Prober(session, self.policies)
+        """Sends the policies' active probes (:mod:`adaptive_lb.prober`)."""
+        self._probe_query = self.prober.statement
         session.add_request_init_listener(self._on_request)
         for policy in self.policies:
             policy.tracking_attached()
             policy.start_health_refresh()
+        self.prober.start()
 
     def _on_request(self, future: Any) -> None:
+        if future.query is self._probe_query:
+            return  # adaptive-lb's own probe: counted apart, on the host's ProbeRecord
         policy = getattr(future, FUTURE_POLICY_ATTRIBUTE, None)
         if self._closed or not isinstance(policy, AdaptiveLoadBalancingPolicy):
             self.untracked_requests += 1
@@ -238,6 +245,7 @@ class RequestTracker:
             if self._closed:
                 return
             self._closed = True
+        self.prober.close()
         with contextlib.suppress(ValueError):
             self._session.remove_request_init_listener(self._on_request)
         for policy in self.policies:
