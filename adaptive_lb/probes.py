@@ -27,13 +27,17 @@ since its last probe. A healthy host answering its user requests is never probed
 * a probe that timed out makes its host ERRORING (cause ``stall``, penalty
   ``penalties.stalled``), one that failed ERRORING (cause ``errors``), at once, unless a
   later probe answered;
-* an ERRORING host is never placed as healthy for a user request (no user-request probe,
-  :class:`~adaptive_lb.health_return.Probe`): it stays penalised until a probe answers
-  after its verdict (and, after a stall, once nothing caught in the stall is in flight on
-  it) and its hold (:func:`~adaptive_lb.health_return.hold_s`) is over; then WARMING
-  after errors, HEALTHY at once after a stall (the probe waited behind whatever the stall
-  had queued: the host is serving again, and a warm-up of ``min_state_duration`` would keep
-  a thin client off it that long; a relapse is still held longer).
+* a *stalled* host gets no user request (no user-request probe,
+  :class:`~adaptive_lb.health_return.Probe`) until a probe answers after its verdict, its
+  hold (:func:`~adaptive_lb.health_return.hold_s`) is over and nothing caught in the stall
+  is in flight on it; then it is HEALTHY at once: the probe waited behind whatever the
+  stall had queued, so the host is serving again and nothing in it is cold (a warm-up of
+  ``min_state_duration`` would keep a thin client off it that long; a relapse is still
+  held longer);
+* an *erroring* host's way back stays the one without probes (its next requests placed as
+  healthy, the first failure ends it: a probe's answer shows the host reachable, not the
+  user's requests succeeding), but it opens only once a probe answered since the verdict
+  and since the last failed try.
 
 No driver import, no thread, no clock of its own: imports attrs and adaptive-lb's pure
 layers only (config, health_rules, health_return, health_state, probe_record, stats).
@@ -220,32 +224,41 @@ def judge(
                 warm_up_s=None,
             )
         return new
-    stall = new.cause == "stall"
+    if new.cause != "stall":
+        # Errors: the probe's answer says the host is reachable, not that the user's
+        # requests stopped failing (an overloaded table, a broken replica). So it only
+        # opens the way back there is without probes: its next requests (CLEAN_STREAK)
+        # placed as healthy, ended by the first failure. Never before a probe answered
+        # since the verdict and since the last failed try.
+        if new.probe is None or new.probe is previous.probe:
+            return new
+        tried_ns = new.evidence.probe_failed_ns or 0
+        if answered_ns is not None and not failing and answered_ns > max(new.since_ns, tried_ns):
+            return new
+        return evolve(new, probe=None, reason=previous.reason or new.reason)
     if (
         answered_ns is not None
         and not failing
         and answered_ns > new.since_ns
         and (now_ns - new.since_ns) / _NS
         >= hold_s(config.min_state_duration, new.evidence.relapses, window_s)
-        and not (stall and in_flight > 0)
+        and in_flight == 0
     ):
-        # After a stall: the probe waited behind whatever the stall had queued on its
-        # connection, so the host is serving again and nothing in it is cold: HEALTHY at
-        # once (a warm-up of min_state_duration would keep a thin client off it that long;
-        # a relapse is still held longer). After errors: WARMING, as without probes.
-        start = HostHealth.warming(now_ns, config, "", 0.0 if stall else None)
+        # The probe waited behind whatever the stall had queued on its connection, so the
+        # host is serving again and nothing in it is cold: HEALTHY at once (a warm-up of
+        # min_state_duration would keep a thin client off it that long; a relapse is still
+        # held longer).
         latency = record.last_latency_s or 0.0
         return evolve(
             new,
-            state=start.state,
+            state=HealthState.HEALTHY,
             since_ns=now_ns,
-            penalty=start.penalty,
-            reason=f"probe answered in {latency * 1000:.1f} ms"
-            + (" after a stall" if stall else ""),
+            penalty=config.penalties.healthy,
+            reason=f"probe answered in {latency * 1000:.1f} ms after a stall",
             cause="",
             evidence=new.evidence.came_back(now_ns, answers),
             probe=None,
-            warm_up_s=start.warm_up_s,
+            warm_up_s=None,
         )
     if new.probe is not None:
         # No user request is the probe: the host keeps its penalty until a probe answers.
