@@ -90,3 +90,19 @@ def test_response_future_internals_the_hook_uses():
     for name in ("_query", "_set_result", "_set_final_result", "_set_final_exception"):
         assert callable(getattr(ResponseFuture, name)), name
     assert ResponseFuture._final_result is _NOT_SET
+
+
+def test_per_request_host_targeting_the_probes_use():
+    """Probes (adaptive_lb.prober) use public API only: ``Session.execute_async(...,
+    timeout=, host=)`` sends to that host alone (both drivers since 3.x), the request-init
+    listener sees the statement as ``ResponseFuture.query``, and the exceptions it
+    classifies are where it imports them from."""
+    import inspect
+
+    from cassandra.cluster import ResponseFuture, Session
+
+    parameters = inspect.signature(Session.execute_async).parameters
+    assert {"timeout", "host"} <= set(parameters)
+    init = inspect.signature(ResponseFuture.__init__).parameters
+    assert {"query", "host"} <= set(init)
+    assert hasattr(ResponseFuture, "query")  # documented: the statement being executed
