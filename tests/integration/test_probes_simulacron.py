@@ -100,6 +100,7 @@ def test_a_stalled_node_costs_at_most_two_timeouts_and_returns(simulacron, drive
         simulacron.resume_reads(dc, node, cluster=CLUSTER)
     resumed = time.monotonic()
     during = probes_sent(policy)
+    reasons = {v.host.address: v.stats.probes.reason for v in policy.topology.local}
     stats = next(v.stats for v in policy.topology.local if v.host.address == stalled)
     state_at_resume = stats.health_state
     # Back: the stalled node answers a user request again.
@@ -108,7 +109,7 @@ def test_a_stalled_node_costs_at_most_two_timeouts_and_returns(simulacron, drive
     timeouts = [h for t, h in load.timeouts if t >= paused]
     print(
         f"\nstall {stall_s:g}s at 10 req/s: {len(timeouts)} user timeouts {timeouts}; "
-        f"probes sent {during}; record: answered {stats.probes.answered}, timed out "
+        f"probes sent {during} {reasons}; record: answered {stats.probes.answered}, timed out "
         f"{stats.probes.timed_out}; state at resume {state_at_resume.value}; back "
         f"{back[0] - resumed:.2f}s after the stall ended"
         if back
@@ -117,8 +118,13 @@ def test_a_stalled_node_costs_at_most_two_timeouts_and_returns(simulacron, drive
     assert len(timeouts) <= 2
     assert set(timeouts) <= {stalled}
     assert state_at_resume is HealthState.ERRORING
-    # Probes go to the stalled node only, about once a second at most.
-    assert {h: n for h, n in during.items() if n} == {stalled: during[stalled]}
+    # Probes go to the stalled node, about once a second at most. The others answer their
+    # user requests: at most one of "no fresh answer" each (at 10 requests a second over
+    # three nodes, one may get none of the 10-20 sent in the 2 s before a probe; seen once
+    # in ~10 runs).
+    for address, count in during.items():
+        if address != stalled:
+            assert count <= 1 and reasons[address] in ("", "no fresh answer"), (address, reasons)
     assert 1 <= during[stalled] <= stall_s / 0.75 + 2
     assert stats.probes.timed_out >= 1
     assert back, "the node got no user request after the stall ended"
