@@ -95,8 +95,8 @@ class Prober:
                 policy.use_prober(None, replacing=send)
 
     def _send(self, policy: Any, order: ProbeOrder) -> None:
-        if self._closed:
-            return
+        if self._closed or getattr(self._session, "is_shutdown", False):
+            return  # (session.shutdown() closes the prober once it has shut the session)
         stats = order.stats
         record = stats.probes
         if not record.begin(policy.now_ns(), order.next_ns, order.reason):

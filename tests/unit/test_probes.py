@@ -385,3 +385,34 @@ def test_request_tracking_leaves_the_probe_statement_alone():
     tracker._on_request(Future("SELECT 1"))  # no adaptive policy: untracked, counted
     assert tracker.untracked_requests == 1
     tracker.close()
+
+
+def test_probes_are_counted_apart_in_the_snapshot_and_prometheus():
+    from prometheus_client import CollectorRegistry
+
+    from adaptive_lb.exporters.prometheus import AdaptiveLbCollector
+    from tests.unit.test_snapshot import example_policy
+
+    with example_policy() as (policy, _):
+        view = next(iter(policy.topology.by_id.values()))
+        before = view.stats.requests_total
+        record = view.stats.probes
+        record.begin(0, S, "stalled")
+        record.end(TIMEOUT, 500 * MS)
+        record.begin(S, 2 * S, "stalled")
+        record.end(ANSWERED, S + 3 * MS)
+        host = next(h for h in policy.snapshot().hosts if h.address == str(view.host.address))
+        assert (host.probes_sent_total, host.probes_answered_total) == (2, 1)
+        assert (host.probes_timeouts_total, host.probes_failed_total) == (1, 0)
+        assert host.probe_latency_seconds == pytest.approx(0.003)
+        assert host.probe_reason == "stalled"
+        assert host.requests_total == before
+        registry = CollectorRegistry()
+        registry.register(AdaptiveLbCollector(policy))
+        labels = {"policy": "0", "address": host.address, "dc": host.datacenter or ""}
+        labels["rack"] = host.rack or ""
+        sample = registry.get_sample_value
+        assert sample("adaptive_lb_host_probes_total", {**labels, "outcome": "timeout"}) == 1
+        assert sample("adaptive_lb_host_probes_total", {**labels, "outcome": "answered"}) == 1
+        latency = sample("adaptive_lb_host_probe_latency_seconds", labels)
+        assert latency == pytest.approx(0.003)
