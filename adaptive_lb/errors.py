@@ -24,13 +24,15 @@ ERROR_STAGES = (
     "tracing",
     "tracking",
     "health_refresh",
+    "probes",
     "snapshot",
     "config_watch",
 )
 """Where an internal error can happen: building a query plan (the child's plan is used),
 recording a decision or request span, request tracking, the periodic health refresh (the
-last verdicts stay), a snapshot for a scrape or a metric collection (that collection goes
-without the policy's numbers), the config file watcher (the config in force stays)."""
+last verdicts stay), sending or counting an active probe (that probe is not counted), a
+snapshot for a scrape or a metric collection (that collection goes without the policy's
+numbers), the config file watcher (the config in force stays)."""
 
 _DEFAULT_INTERVAL_S = 60.0
 

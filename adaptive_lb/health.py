@@ -32,6 +32,7 @@ from adaptive_lb.health_rules import (
 )
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.locality import RackDistances, RackKey
+from adaptive_lb.probes import judge
 from adaptive_lb.stats import HostStats, WindowStats
 
 __all__ = [
@@ -95,6 +96,13 @@ class HealthModel:
         rules: a client with thin traffic never has ``min_samples`` on a host."""
         self.refreshes = 0
         """Refreshes done (for tests and diagnostics)."""
+        self.probing = False
+        """Active probes are being sent (:mod:`adaptive_lb.prober` sets it while it runs):
+        then their outcomes judge a host too, and no user request is a probe
+        (:func:`adaptive_lb.probes.judge`); without, a stalled or erroring host is tried
+        again with user requests (``health.probe_interval`` 0 does the same)."""
+        self.stalled: dict[Hashable, float] = {}
+        """Per host, at the last refresh: seconds with requests in flight and no answer."""
 
     @property
     def config(self) -> HealthConfig:
@@ -116,6 +124,16 @@ class HealthModel:
     def health(self, key: Hashable) -> HostHealth | None:
         """The last verdict for ``key``."""
         return self._health.get(key)
+
+    @property
+    def verdicts(self) -> Mapping[Hashable, HostHealth]:
+        """Every host's last verdict (read only)."""
+        return self._health
+
+    @property
+    def windows(self) -> Mapping[Hashable, WindowStats]:
+        """Every host's window as of the last refresh (read only)."""
+        return self._windows
 
     def window_stats(self, key: Hashable) -> WindowStats | None:
         """The window statistics computed for ``key`` at the last refresh (so that
@@ -143,6 +161,7 @@ class HealthModel:
             self._health.pop(key, None)
             self._windows.pop(key, None)
             self._answered.pop(key, None)
+            self.stalled.pop(key, None)
             self._unreported.pop(key, None)
             # A refresh may be computing windows from a mapping that still holds the key.
             # (Only then: with no refresh running there is nothing to undo, and keeping
@@ -246,6 +265,8 @@ class HealthModel:
         spread = latency_spread(windows.values())
 
         transitions = []
+        probing = self.probing and config.probe_interval > 0
+        stalled: dict[Hashable, float] = {}
         with self._state_lock:
             for key, window in windows.items():
                 if key in self._forgotten or (is_known is not None and not is_known(key)):
@@ -254,6 +275,7 @@ class HealthModel:
                 host = stats[key]
                 old = self._health.get(key) or HostHealth.initial(now, config)
                 stalled_s = self._stalled_s(key, host, window.in_flight, now)
+                stalled[key] = stalled_s
                 failures = host.errors_total + host.timeouts_total
                 answers = host.requests_total - failures
                 new = assess(
@@ -269,6 +291,10 @@ class HealthModel:
                     peer_typical=typical[key],
                     spread=spread,
                 )
+                if probing:
+                    new = judge(
+                        old, new, host.probes, config, now, window_s, answers, window.in_flight
+                    )
                 self._health[key] = new
                 if new.probe is None:
                     host.publish_health(new.state, new.penalty)
@@ -289,6 +315,7 @@ class HealthModel:
                 self._health.pop(key, None)
                 self._unreported.pop(key, None)
             self._windows = windows
+            self.stalled = stalled
             self.refreshes += 1
         for transition in transitions:
             self._log(transition)

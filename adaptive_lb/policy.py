@@ -246,11 +246,13 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
     def inherited_across_fork(self, parent_pid: int) -> None:
         """Called in a child forked after this policy was made (:mod:`adaptive_lb.forks`):
         the session's connections and threads stayed in ``parent_pid``, so the policy no
-        longer claims request tracking, forgets its refresh thread and drops the in-flight
-        counts of the parent's requests, whose answers will never come here."""
+        longer claims request tracking, forgets its refresh thread and probe sender and drops
+        the in-flight counts of the parent's requests, whose answers will never come here."""
         self.forked_from_pid = parent_pid
         self._tracking.detach_all()
         self._refresh.forget_thread()
+        self._refresh.probe_sender = None  # the session it probed through is the parent's
+        self.health.probing = False
         for view in self._book.topology.by_id.values():
             view.stats.in_flight = 0
 
@@ -426,6 +428,17 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
     def stop_health_refresh(self) -> None:
         """Stop the refresh thread (if running) and wait for it."""
         self._refresh.stop()
+
+    def use_prober(self, send: Any | None, replacing: Any | None = None) -> None:
+        """Send active probes with ``send(order)`` after each health refresh (None: stop).
+        With ``replacing``, only if that is the sender in place (a closing session must
+        not stop another's). :class:`adaptive_lb.prober.Prober` calls it."""
+        refresh = self._refresh
+        with self._book.lock:
+            if replacing is not None and refresh.probe_sender is not replacing:
+                return
+            refresh.probe_sender = send
+            self.health.probing = send is not None
 
     # ------------------------------------------------------------------ snapshot
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from adaptive_lb.health import HealthModel, HealthState, HealthTransition
+from adaptive_lb.probes import ProbeOrder, ProbeScheduler
 from adaptive_lb.proximity import rack_proximity
 from adaptive_lb.scoring import HostView
 from adaptive_lb.stats import HostStats
@@ -43,12 +44,18 @@ class HealthRefresh:
         """Proximity factor of each remote rack, from the last refresh."""
         self._thread: HealthRefresher | None = None
         self._thread_lock = threading.Lock()
+        self.scheduler = ProbeScheduler()
+        """Which hosts get an active probe after each refresh (:mod:`adaptive_lb.probes`)."""
+        self.probe_sender: Callable[[ProbeOrder], None] | None = None
+        """Sends one probe (:mod:`adaptive_lb.prober`, while request tracking is
+        attached); None: no probes (the simulator, a policy without tracking)."""
 
     def refresh(self) -> list[HealthTransition]:
         """Refresh now (waits for a refresh in progress); the health transitions."""
         stats, groups = self.inputs()
         transitions = self.health.refresh(stats, groups, self._book.knows, self.racks())
         self._refresh_locality()
+        self._probe()
         return transitions
 
     def maybe_refresh(self) -> list[HealthTransition] | None:
@@ -58,7 +65,26 @@ class HealthRefresh:
         transitions = self.health.maybe_refresh(stats, groups, self._book.knows, self.racks())
         if transitions is not None:
             self._refresh_locality()
+            self._probe()
         return transitions
+
+    def _probe(self) -> None:
+        """After a health refresh: send the probes that are due, if a sender is set."""
+        send = self.probe_sender
+        if send is None:
+            return
+        health = self.health
+        views = self._book.topology.by_id.values()
+        orders = self.scheduler.due(
+            ((view.host, view.stats, view.live) for view in views),
+            health.verdicts,
+            health.windows,
+            health.stalled,
+            health.clock.now_ns(),
+            health.config,
+        )
+        for order in orders:
+            send(order)
 
     def inputs(self) -> tuple[dict[Hashable, HostStats], dict[Hashable, Any]]:
         """Every known host's statistics, and its peer group: its datacenter."""

@@ -117,6 +117,21 @@ class HostSnapshot:
     """Attempts released without an outcome (another attempt won, or shutdown)."""
     unsent_total: int = field(metadata=_LIFETIME)
     """Attempts counted in flight that the driver then could not write to the host."""
+    probes_sent_total: int = field(metadata=_LIFETIME)
+    """adaptive-lb's own probes sent to the host (``health.probe_interval``), counted apart
+    from the user's attempts above: none of them is in any other count of this host."""
+    probes_answered_total: int = field(metadata=_LIFETIME)
+    """Probes the host answered."""
+    probes_failed_total: int = field(metadata=_LIFETIME)
+    """Probes that failed (an error answer, or the connection broke)."""
+    probes_timeouts_total: int = field(metadata=_LIFETIME)
+    """Probes not answered within ``health.probe_timeout``."""
+    probes_unsent_total: int = field(metadata=_LIFETIME)
+    """Probes the driver had no connection to send on."""
+    probe_latency_seconds: float | None = field(metadata=_NOW)
+    """How long the last answered probe took; None before one answered."""
+    probe_reason: str = field(metadata=_NOW)
+    """Why the last probe was sent; empty before the first."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data: ``{field name: value}``."""
@@ -217,6 +232,7 @@ class PolicySnapshot:
         for view in policy.topology.by_id.values():
             host = view.host
             stats = view.stats
+            probes = stats.probes
             window = health.window_stats(host)
             verdict = health.health(host)
             latency = window.latency if window is not None else {}
@@ -249,6 +265,13 @@ class PolicySnapshot:
                     timeouts_total=stats.timeouts_total,
                     abandons_total=stats.abandons_total,
                     unsent_total=stats.unsent_total,
+                    probes_sent_total=probes.sent,
+                    probes_answered_total=probes.answered,
+                    probes_failed_total=probes.failed,
+                    probes_timeouts_total=probes.timed_out,
+                    probes_unsent_total=probes.unsent,
+                    probe_latency_seconds=probes.last_latency_s,
+                    probe_reason=probes.reason,
                 )
             )
         hosts.sort(key=lambda h: (h.datacenter or "", h.rack or "", h.address))

@@ -29,6 +29,7 @@ from adaptive_lb._hdr import percentile_values
 from adaptive_lb.clock import Clock
 from adaptive_lb.config import TrackingConfig
 from adaptive_lb.health_state import HealthState
+from adaptive_lb.probe_record import ProbeRecord
 from adaptive_lb.window import ERROR, ROTATE, TIMEOUT, SlidingWindow, WindowLayout
 
 __all__ = ["EVENTS_LIMIT", "HostStats", "StatsRegistry", "WindowStats"]
@@ -87,6 +88,7 @@ class HostStats:
         "health_state",
         "in_flight",
         "probe_left",
+        "probes",
         "rack_penalty",
         "requests_total",
         "timeouts_total",
@@ -120,6 +122,9 @@ class HostStats:
         """Requests the probe of this ERRORING host may still send at the probe's penalty
         (:meth:`start_probe`; 0: no probe)."""
         self._penalty_after_probe = 1.0
+        self.probes = ProbeRecord()
+        """adaptive-lb's own probes of this host (:mod:`adaptive_lb.probe_record`),
+        counted apart from the user's requests above."""
         self._lock = threading.Lock()
         """Guards the counters above and the events list (the request path's lock)."""
         self._replay_lock = threading.Lock()

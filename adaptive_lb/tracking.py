@@ -42,6 +42,7 @@ from adaptive_lb._driver import (
     tracking_problems,
 )
 from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
+from adaptive_lb.prober import Prober
 from adaptive_lb.stats import HostStats
 from adaptive_lb.tracing import current_recording_span
 
@@ -207,9 +208,12 @@ class RequestTracker:
         or None."""
         self.policies = session_policies(session)
         """The session's adaptive policies (execution profiles and legacy)."""
+        self.prober = Prober(session, self.policies)
+        """Sends the policies' active probes (:mod:`adaptive_lb.prober`)."""
+        self._probe_query = self.prober.statement
         self.problems = tracking_problems()
         """What this driver lacks that tracking hooks; not empty: no request is tracked
-        (nor touched), and the policies plan as if every host were idle."""
+        (nor touched, nor probed), and the policies plan as if every host were idle."""
         if self.problems:
             self._closed = True
             _warn_unknown_driver(self.problems)
@@ -218,8 +222,11 @@ class RequestTracker:
         for policy in self.policies:
             policy.tracking_attached()
             policy.start_health_refresh()
+        self.prober.start()
 
     def _on_request(self, future: Any) -> None:
+        if future.query is self._probe_query:
+            return  # adaptive-lb's own probe: counted apart, on the host's ProbeRecord
         policy = getattr(future, FUTURE_POLICY_ATTRIBUTE, None)
         if self._closed or not isinstance(policy, AdaptiveLoadBalancingPolicy):
             self.untracked_requests += 1
@@ -250,6 +257,7 @@ class RequestTracker:
             if self._closed:
                 return
             self._closed = True
+        self.prober.close()
         with contextlib.suppress(ValueError):
             self._session.remove_request_init_listener(self._on_request)
         for policy in self.policies:

@@ -178,6 +178,19 @@ class HealthConfig:
     """ERRORING when requests are in flight on the host and it has answered none of them
     (a timeout is not an answer) for this long: a stalled node (long GC pause, hung
     process). 0 disables."""
+    probe_interval: float = duration(1.0, ge(0.0), le(60.0))
+    """Active probes: how often, at most, a host that is stalled, erroring, returning from
+    a stall, SLOW, suspected (a failure or requests in flight without an answer) or without
+    a fresh answer for 2 x this long is sent a probe of adaptive-lb's own
+    (``SELECT release_version FROM system.local``, to that host only), jittered by
+    +/- 25 %, one outstanding per host. A stalled or erroring host then gets no user
+    request until a probe answers. Probes go out only while request tracking is attached
+    (``attach`` / ``instrument``). 0 disables them: a stalled or erroring host is tried
+    again with one user request (10 for errors) once its hold is over."""
+    probe_timeout: float = duration(0.5, gt(0.0), le(60.0))
+    """How long a probe may take: one that has not answered by then has failed, and makes
+    its host ERRORING (stalled) if it was not already. Keep it well below the client's
+    request timeout."""
     max_rack_distance: float = duration(0.005, ge(0.0), le(1.0))
     """Most a rack's measured distance may excuse when a host is judged against the hosts
     of other racks: a rack measured farther than the nearest rack of its datacenter by

@@ -18,6 +18,9 @@ Families (``_total`` is added by the exposition format to counters):
   quantiles), ``adaptive_lb_host_requests_total`` / ``_errors_total`` / ``_timeouts_total``
   (counters), ``adaptive_lb_host_health{state=...}`` (gauge, 1 for the current state and 0
   for the others), ``adaptive_lb_host_penalty`` (gauge);
+  ``adaptive_lb_host_probes_total{outcome="answered"|"failed"|"timeout"|"unsent"}``
+  (adaptive-lb's own probes, counted apart from the user's attempts) and
+  ``adaptive_lb_host_probe_latency_seconds`` (gauge: the last answered probe);
 - ``adaptive_lb_decisions_total{position=...}``, ``adaptive_lb_replica_cache_hits_total`` /
   ``_misses_total`` / ``_bypassed_total`` / ``_evictions_total`` / ``_invalidations_total``,
   ``adaptive_lb_replica_cache_size`` (gauge), ``adaptive_lb_plan_fallbacks_total`` (internal
@@ -252,6 +255,17 @@ class AdaptiveLbCollector(Collector):
             "1 for the host's current health state, 0 for the others.",
             labels=[*_HOST_LABELS, "state"],
         )
+        probes = CounterMetricFamily(
+            "adaptive_lb_host_probes",
+            "adaptive-lb's own probes of the host, by outcome (not user requests: in no "
+            "other host family).",
+            labels=[*_HOST_LABELS, "outcome"],
+        )
+        probe_latency = GaugeMetricFamily(
+            "adaptive_lb_host_probe_latency_seconds",
+            "How long the host's last answered probe took.",
+            labels=_HOST_LABELS,
+        )
         decisions = CounterMetricFamily(
             "adaptive_lb_decisions",
             "Plans made, by the origin of their first host.",
@@ -295,6 +309,12 @@ class AdaptiveLbCollector(Collector):
                 for state in HealthState:
                     value = 1.0 if state.value == host.health_state else 0.0
                     health.add_metric([*labels, state.value], value)
+                probes.add_metric([*labels, "answered"], host.probes_answered_total)
+                probes.add_metric([*labels, "failed"], host.probes_failed_total)
+                probes.add_metric([*labels, "timeout"], host.probes_timeouts_total)
+                probes.add_metric([*labels, "unsent"], host.probes_unsent_total)
+                if host.probe_latency_seconds is not None:
+                    probe_latency.add_metric(labels, host.probe_latency_seconds)
             for family, attribute in policy_families:
                 family.add_metric([name], float(getattr(snapshot, attribute)))
             for position, count in getattr(policy, "decisions_by_position", {}).items():
@@ -310,7 +330,7 @@ class AdaptiveLbCollector(Collector):
                 },
             )
         yield from (family for family, _ in host_families)
-        yield from (latency, health, decisions)
+        yield from (latency, health, probes, probe_latency, decisions)
         yield from (family for family, _ in policy_families)
         yield from (errors, reloads, info, rack)
         yield from _span_families()

@@ -76,6 +76,8 @@ BOUNDS = [
     ("health.min_state_duration", [0, "500ms"], [-0.1], "non-negative duration, got -0.1"),
     ("health.refresh_interval", ["10ms", "60s", 0.25], ["5ms", "61s"], "must be >= 0.01"),
     ("health.stall_timeout", [0, "500ms", "1m"], [-1, "soon"], "non-negative duration"),
+    ("health.probe_interval", [0, "250ms", "1m"], [-1, "61s"], "non-negative duration"),
+    ("health.probe_timeout", ["10ms", "1s", 60], [0, "61s"], "must be > 0, got 0"),
     ("health.max_rack_distance", [0, "10ms", "1s"], [-0.001, "2s"], "non-negative duration"),
     ("health.penalties.healthy", [1, 2.5], [0.9, "1"], "must be >= 1, got 0.9"),
     ("health.penalties.slow", [1, 1000], [0.5], "must be >= 1, got 0.5"),

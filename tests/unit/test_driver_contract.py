@@ -134,3 +134,19 @@ def test_the_runtime_check_names_what_a_driver_release_changed():
         "ResponseFuture._query takes target, message, cb (expected host, message, cb)",
         "ResponseFuture._set_final_exception is gone",
     ]
+
+
+def test_per_request_host_targeting_the_probes_use():
+    """Probes (adaptive_lb.prober) use public API only: ``Session.execute_async(...,
+    timeout=, host=)`` sends to that host alone (both drivers since 3.x), the request-init
+    listener sees the statement as ``ResponseFuture.query``, and the exceptions it
+    classifies are where it imports them from."""
+    import inspect
+
+    from cassandra.cluster import ResponseFuture, Session
+
+    parameters = inspect.signature(Session.execute_async).parameters
+    assert {"timeout", "host"} <= set(parameters)
+    init = inspect.signature(ResponseFuture.__init__).parameters
+    assert {"query", "host"} <= set(init)
+    assert hasattr(ResponseFuture, "query")  # documented: the statement being executed
