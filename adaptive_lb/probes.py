@@ -25,8 +25,10 @@ since its last probe. A healthy host answering its user requests is never probed
 :func:`~adaptive_lb.health_rules.assess` while probes are being sent):
 
 * a probe that timed out makes its host ERRORING (cause ``stall``, penalty
-  ``penalties.stalled``), one that failed ERRORING (cause ``errors``), at once, unless a
-  later probe answered;
+  ``penalties.stalled``) at once -- unless the host answered user requests while the probe
+  waited (a busy node is slow, not stalled: on a real 3-node cluster under full scans, a
+  healthy replica's 0.5 s probe timeout sent its traffic to a non-replica) -- and one that
+  failed ERRORING (cause ``errors``), at once; unless a later probe answered;
 * a *stalled* host gets no user request (no user-request probe,
   :class:`~adaptive_lb.health_return.Probe`) until a probe answers after its verdict, its
   hold (:func:`~adaptive_lb.health_return.hold_s`) is over and nothing caught in the stall
@@ -207,6 +209,12 @@ def judge(
             and failed_ns > previous.since_ns
         ):
             stall = record.last_outcome == TIMEOUT
+            sent_ns = record.last_sent_ns
+            answered_users_ns = record.user_answer_ns
+            if stall and answered_users_ns is not None and sent_ns is not None:
+                stall = answered_users_ns <= sent_ns  # users answered meanwhile: busy
+                if not stall:
+                    return new
             if new.state in (HealthState.HEALTHY, HealthState.WARMING):
                 evidence = new.evidence.turned_bad(now_ns, answers, window_s)
             else:

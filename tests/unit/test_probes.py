@@ -129,6 +129,22 @@ def test_a_hung_request_makes_its_host_suspected_then_a_timed_out_probe_stalls_i
     assert cluster.sent and all(host == "h0" for host, _, _ in cluster.sent)
 
 
+def test_a_timed_out_probe_of_a_host_that_answers_users_is_no_stall():
+    """A busy node (a probe queued behind long scans) still answers its user requests: its
+    probe's timeout is no stall verdict. Without user answers meanwhile, it is."""
+    cluster = Cluster()
+    cluster.traffic(1.0)
+    cluster.stalled.add("h0")
+    cluster.request("h0")  # hangs: h0 is suspected and probed
+    cluster.traffic(0.6, ("h1", "h2"))
+    assert cluster.probes_to("h0") == 1
+    cluster.stalled.discard("h0")
+    cluster.traffic(0.4)  # h0 answers user requests while its probe waits
+    cluster.answer_probe("h0", TIMEOUT)
+    cluster.traffic(0.4)
+    assert cluster.state("h0") is HEALTHY
+
+
 def test_a_stalled_host_gets_no_user_request_until_a_probe_answers():
     cluster = Cluster()
     cluster.traffic(1.0)
