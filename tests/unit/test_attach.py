@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import types
+from collections.abc import Iterator
 
 import pytest
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
@@ -91,62 +92,58 @@ def test_hot_reload_without_a_file_is_a_config_error_and_starts_nothing():
     assert session.listeners == [] and not policy.request_tracking
 
 
-def test_a_taken_metrics_port_when_required_is_a_config_error_and_starts_nothing():
-    policy = make_policy()
-    session = StandInSession(policy)
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A loopback port something else listens on, for the whole test."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        metrics = MetricsConfig(prometheus_enabled=True, port=port, required=True)
-        with pytest.raises(
-            ConfigError, match=rf"metrics\.port: cannot serve /metrics on .*:{port}"
-        ):
-            adaptive_lb.attach(session, Config(metrics=metrics), registry=CollectorRegistry())
+        yield taken.getsockname()[1]
+
+
+def test_a_taken_metrics_port_when_required_is_a_config_error_and_starts_nothing(taken_port):
+    policy = make_policy()
+    session = StandInSession(policy)
+    metrics = MetricsConfig(prometheus_enabled=True, port=taken_port, required=True)
+    with pytest.raises(
+        ConfigError, match=rf"metrics\.port: cannot serve /metrics on .*:{taken_port}"
+    ):
+        adaptive_lb.attach(session, Config(metrics=metrics), registry=CollectorRegistry())
     assert session.listeners == [] and not policy.request_tracking
 
 
-def test_a_taken_metrics_port_leaves_routing_and_tracking_on(caplog):
+def test_a_taken_metrics_port_leaves_routing_and_tracking_on(taken_port, caplog):
     """Issue 25: the second worker of a pre-fork server found the port taken, and attach
     being all or nothing, routed without tracking. Now it warns and goes on."""
     policy = make_policy()
     session = StandInSession(policy)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        config = Config(metrics=MetricsConfig(prometheus_enabled=True, port=port))
-        with caplog.at_level("WARNING", logger="adaptive_lb.attach"):
-            attachment = adaptive_lb.attach(session, config, registry=CollectorRegistry())
+    config = Config(metrics=MetricsConfig(prometheus_enabled=True, port=taken_port))
+    with caplog.at_level("WARNING", logger="adaptive_lb.attach"):
+        attachment = adaptive_lb.attach(session, config, registry=CollectorRegistry())
     try:
         assert policy.request_tracking and session.listeners
         assert attachment.prometheus_port is None
-        assert f"cannot serve /metrics on 127.0.0.1:{port}" in attachment.prometheus_problem
+        problem = attachment.prometheus_problem
+        assert f"cannot serve /metrics on 127.0.0.1:{taken_port}" in problem
         assert f"pid {os.getpid()}" in caplog.text
     finally:
         attachment.close()
 
 
-def test_a_worker_takes_the_first_free_port_of_its_range():
+def test_a_worker_takes_the_first_free_port_of_its_range(taken_port):
     """``metrics.port_count``: one port per pre-fork worker; a taken one is skipped."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        with socket.socket() as probe:  # the next port must be free for the test to mean it
-            if probe.connect_ex(("127.0.0.1", port + 1)) == 0:
-                pytest.skip(f"port {port + 1} is in use here")
-        policy = make_policy()
-        session = StandInSession(policy)
-        metrics = MetricsConfig(prometheus_enabled=True, port=port, port_count=2)
-        attachment = adaptive_lb.attach(
-            session, Config(metrics=metrics), registry=CollectorRegistry()
-        )
-        try:
-            assert attachment.prometheus_port == port + 1
-            assert attachment.prometheus_problem is None
-        finally:
-            attachment.close()
+    with socket.socket() as probe:  # the next port must be free for the test to mean it
+        if probe.connect_ex(("127.0.0.1", taken_port + 1)) == 0:
+            pytest.skip(f"port {taken_port + 1} is in use here")
+    policy = make_policy()
+    session = StandInSession(policy)
+    metrics = MetricsConfig(prometheus_enabled=True, port=taken_port, port_count=2)
+    attachment = adaptive_lb.attach(session, Config(metrics=metrics), registry=CollectorRegistry())
+    try:
+        assert attachment.prometheus_port == taken_port + 1
+        assert attachment.prometheus_problem is None
+    finally:
+        attachment.close()
 
 
 def test_a_config_file_is_applied_to_the_policies(tmp_path):
