@@ -40,6 +40,10 @@ __all__ = [
     "child_of",
     "cluster_is_open",
     "driver_release",
+    "is_tracked",
+    "pool_problems",
+    "read_pool_in_flight",
+    "session_pools",
     "tablets_of",
     "tracking_problems",
 ]
@@ -270,6 +274,11 @@ def _tracked_class(cls: type[Any], every_end: bool) -> type:
         return tracked
 
 
+def is_tracked(future: Any) -> bool:
+    """Whether ``future`` was hooked by :func:`hook_future` (its request is tracked)."""
+    return hasattr(future, "_adaptive_lb_attempts")
+
+
 def hook_future(future: Any, attempts: Any, every_end: bool = False) -> None:
     """Observe every attempt ``future`` makes, on whichever thread makes it.
 
@@ -350,3 +359,66 @@ def driver_release() -> str:
         except importlib.metadata.PackageNotFoundError:
             continue
     return f"cassandra module {getattr(cassandra, '__version__', '?')}"
+
+
+# ---------------------------------------------------------------- in flight, from the pools
+
+
+def session_pools(session: Any) -> dict[Any, Any]:
+    """The session's connection pools, ``Host -> HostConnection``: the driver's own dict,
+    live (pools come and go with hosts and reconnections)."""
+    pools: dict[Any, Any] = session._pools
+    return pools
+
+
+def read_pool_in_flight(pools: dict[Any, Any], host: Any) -> int:
+    """Requests in flight on ``host``'s pool of one session, as the driver counts them.
+
+    Each connection's ``in_flight`` rises when an attempt borrows a stream and falls when
+    its response is processed or, for a request the client gave up on, when the server's
+    late answer releases the orphaned stream: retries, speculative executions, probes and
+    the driver's own requests on the connection (heartbeats, ``USE``) all count. One
+    connection per host on cassandra-driver (``_connection``), one per shard on
+    scylla-driver (``_connections``); a replaced connection waiting for its last answers
+    (``_trash``) is no longer counted. No pool (a host down, ignored or not yet
+    connected): 0."""
+    pool = pools.get(host)
+    if pool is None:
+        return 0
+    connection = getattr(pool, "_connection", None)
+    if connection is not None:
+        return connection.in_flight
+    connections = getattr(pool, "_connections", None)
+    if not connections:
+        return 0
+    total = 0
+    for connection in connections.values():
+        total += connection.in_flight
+    return total
+
+
+def pool_problems(session: Any) -> list[str]:
+    """What reading in-flight counts from ``session``'s pools relies on and does not find
+    (empty: all there), checked at attach on the pools the session has opened; the
+    caller then counts in-flight attempts itself, as before. The contract tests pin the
+    same at test time."""
+    pools = getattr(session, "_pools", None)
+    if not isinstance(pools, dict):
+        return ["Session._pools is not a dict of connection pools"]
+    problems = []
+    for pool in list(pools.values()):
+        connection = getattr(pool, "_connection", None)
+        connections = getattr(pool, "_connections", None)
+        if connection is None and isinstance(connections, dict):
+            members = list(connections.values())
+        elif connection is not None:
+            members = [connection]
+        else:
+            problems.append(f"{type(pool).__name__} has neither _connection nor _connections")
+            continue
+        for member in members:
+            if not isinstance(getattr(member, "in_flight", None), int):
+                problems.append(f"{type(member).__name__}.in_flight is not an int")
+        if problems:
+            break
+    return problems

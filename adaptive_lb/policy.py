@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from random import random
 from typing import Any
 
+from attrs import evolve
 from cassandra.policies import LoadBalancingPolicy
 
 from adaptive_lb import forks
@@ -54,6 +55,7 @@ from adaptive_lb.health import HealthModel
 from adaptive_lb.planner import DECISION_POSITIONS, Planner, PlanRecord, PlanSettings
 from adaptive_lb.refresher import HealthRefresh
 from adaptive_lb.replicas import ReplicaCache, ReplicaResolver
+from adaptive_lb.sampling import Sampler
 from adaptive_lb.scoring import HostView
 from adaptive_lb.snapshot import PolicySnapshot
 from adaptive_lb.stats import HostStats, StatsRegistry
@@ -131,6 +133,12 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         self._down_since: dict[int, int] = {}
         self.decisions = DecisionRecorder(self._config, tracer_provider, self.errors.record)
         """Where decisions are recorded (tracer, ratio, hand-over to request spans)."""
+        self.sampler = Sampler(
+            self._config.tracking.samples_per_host,
+            lambda: len(self._book.topology.local),
+            self.now_ns,
+        )
+        """Which of this policy's requests request tracking tracks (:mod:`adaptive_lb.sampling`)."""
         self._untracked_attempts = new_counter()
         self._tracking = TrackingWatch(self._clock, log)
         self._unknown_host_events = new_counter()
@@ -253,6 +261,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         self._refresh.forget_thread()
         self._refresh.probe_sender = None  # the session it probed through is the parent's
         self.health.probing = False
+        self.stats.remove_in_flight_source()  # the parent's pools
         for view in self._book.topology.by_id.values():
             view.stats.in_flight = 0
 
@@ -482,9 +491,15 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             self._config = config
             self._config_hash = config.hash
             self._planner.configure(PlanSettings.of(config, self._chain))
-            if old.health != config.health or old.tracking != config.tracking:
+            self.sampler.configure(config.tracking.samples_per_host)
+            # Only the window's keys restart the windows (not the sampling rate).
+            window_changed = (
+                evolve(old.tracking, samples_per_host=config.tracking.samples_per_host)
+                != config.tracking
+            )
+            if old.health != config.health or window_changed:
                 self.health.reconfigure(config.health, window_s=config.tracking.window)
-            if old.tracking != config.tracking:
+            if window_changed:
                 self.stats.reconfigure(config.tracking)
             if old.tracing != config.tracing or old.privacy != config.privacy:
                 self.decisions.configure(config)

@@ -2,7 +2,9 @@
 (no driver import).
 
 One :class:`HostStats` per host. The policy's hot path reads plain attributes without a
-lock (``in_flight``, ``health_penalty``, ``health_state``, ``rack_penalty``); request
+lock (``in_flight``, ``health_penalty``, ``health_state``, ``rack_penalty``). ``in_flight``
+is the driver's own count of the host's pool when request tracking gave one
+(:meth:`HostStats.read_in_flight_from`), else the attempts counted here; request
 tracking calls one lifecycle method per event (:meth:`HostStats.on_send`, then exactly one
 of ``on_success`` / ``on_error`` / ``on_timeout`` / ``on_abandon`` / ``on_unsent``), each a
 single acquisition of the host's lock, so no count is ever lost -- also under free-threaded
@@ -21,7 +23,8 @@ Percentiles are computed only by :meth:`HostStats.window_stats`, never per reque
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from functools import partial
 
 from attrs import define, field
 
@@ -32,7 +35,7 @@ from adaptive_lb.health_state import HealthState
 from adaptive_lb.probe_record import ProbeRecord
 from adaptive_lb.window import ERROR, ROTATE, TIMEOUT, SlidingWindow, WindowLayout
 
-__all__ = ["EVENTS_LIMIT", "HostStats", "StatsRegistry", "WindowStats"]
+__all__ = ["EVENTS_LIMIT", "HostStats", "InFlightSource", "StatsRegistry", "WindowStats"]
 
 EVENTS_LIMIT = 1024
 """Events a host keeps before the request that appends the last one replays them itself:
@@ -57,6 +60,9 @@ class WindowStats:
     ewma: float | None = None
     """Smoothed latency, seconds (None before the first sample)."""
     in_flight: int = 0
+    """Tracked attempts in flight (:attr:`HostStats.counted_in_flight`): the requests
+    whose answers the window waits for, which is what the stall rule needs; the driver's
+    pool count also holds streams orphaned by timeouts that may never be answered."""
     error_rate: float = field(init=False)
     """(errors + timeouts) / requests; 0 when there were none."""
 
@@ -68,7 +74,8 @@ class WindowStats:
 class HostStats:
     """Live statistics of one host. See the module docstring for the threading contract.
 
-    Public attributes read without a lock: ``in_flight``, ``health_penalty``,
+    Public attributes read without a lock: ``in_flight`` (a property: the driver's pool
+    count, or :attr:`counted_in_flight`), ``health_penalty``,
     ``health_state`` (the last two written only by the health model), ``rack_penalty``
     (written only by the policy), the ``*_total`` counters and ``underflows``.
     """
@@ -83,10 +90,11 @@ class HostStats:
         "_replay_lock",
         "_window",
         "abandons_total",
+        "counted_in_flight",
         "errors_total",
         "health_penalty",
         "health_state",
-        "in_flight",
+        "pool_in_flight",
         "probe_left",
         "probes",
         "rack_penalty",
@@ -97,8 +105,13 @@ class HostStats:
     )
 
     def __init__(self, config: TrackingConfig, clock: Clock) -> None:
-        self.in_flight = 0
-        """Attempts sent and not yet released (read lock-free by the policy)."""
+        self.counted_in_flight = 0
+        """Tracked attempts sent and not yet released: every attempt in the simulator and
+        while this host's requests are all tracked; a sample of them otherwise, which is
+        why the driver's count is used when there is one (:attr:`in_flight`)."""
+        self.pool_in_flight: Callable[[], int] | None = None
+        """Reads the driver's in-flight count of this host's pool
+        (:meth:`read_in_flight_from`); None: :attr:`in_flight` is the counted one."""
         self.health_penalty = 1.0
         """Score multiplier from the health model (read lock-free by the policy)."""
         self.health_state = HealthState.HEALTHY
@@ -150,6 +163,25 @@ class HostStats:
                 self._configure(config, window.ewma_s)
 
     @property
+    def in_flight(self) -> int:
+        """Requests in flight on this host: the driver's count when request tracking
+        reads it from the session's pools, else :attr:`counted_in_flight`. Read lock-free
+        by every plan."""
+        read = self.pool_in_flight
+        if read is None:
+            return self.counted_in_flight
+        return read()
+
+    @in_flight.setter
+    def in_flight(self, value: int) -> None:
+        self.counted_in_flight = value
+
+    def read_in_flight_from(self, read: Callable[[], int] | None) -> None:
+        """Take :attr:`in_flight` from ``read()`` (the driver's pool count of this host),
+        or again from the attempts counted here (None)."""
+        self.pool_in_flight = read
+
+    @property
     def config(self) -> TrackingConfig:
         """The tracking config in force."""
         return self._window.layout.config
@@ -174,7 +206,7 @@ class HostStats:
     def on_send(self) -> None:
         """An attempt was sent to this host."""
         with self._lock:
-            self.in_flight += 1
+            self.counted_in_flight += 1
             if self.probe_left:
                 self.probe_left -= 1
                 if not self.probe_left:
@@ -185,8 +217,8 @@ class HostStats:
         # _settle's steps, inlined: the most frequent event of all.
         now = self._clock_now()
         with self._lock:
-            if self.in_flight > 0:
-                self.in_flight -= 1
+            if self.counted_in_flight > 0:
+                self.counted_in_flight -= 1
             else:
                 self.underflows += 1
             self.requests_total += 1
@@ -261,8 +293,8 @@ class HostStats:
             self._events.append(event)
 
     def _release(self) -> None:
-        if self.in_flight > 0:
-            self.in_flight -= 1
+        if self.counted_in_flight > 0:
+            self.counted_in_flight -= 1
         else:
             self.underflows += 1
 
@@ -306,7 +338,7 @@ class HostStats:
             window = self._replay()
             counts = window.counts()
             ewma = window.ewma_s
-        in_flight = self.in_flight
+        in_flight = self.counted_in_flight
         if counts.histogram is not None:
             values = percentile_values(counts.histogram, percentiles)
             latency = {float(p): values[p] / 1e6 if p in values else None for p in percentiles}
@@ -324,15 +356,23 @@ class HostStats:
         )
 
 
+InFlightSource = Callable[[Hashable], int]
+"""Reads one session's in-flight count of a host key (the driver's pools)."""
+
+
 class StatsRegistry:
     """Host key -> :class:`HostStats`. Lookups of existing keys take no lock (a dict read);
-    creation and removal do."""
+    creation and removal do.
+
+    With in-flight sources (one per tracked session, :meth:`add_in_flight_source`), every
+    host's :attr:`HostStats.in_flight` is the sum of theirs for its key."""
 
     def __init__(self, config: TrackingConfig, clock: Clock) -> None:
         self._config = config
         self._clock = clock
         self._stats: dict[Hashable, HostStats] = {}
         self._lock = threading.Lock()
+        self._sources: tuple[InFlightSource, ...] = ()
 
     def get(self, key: Hashable) -> HostStats:
         """The stats of ``key``, created on first use."""
@@ -342,8 +382,33 @@ class StatsRegistry:
                 stats = self._stats.get(key)
                 if stats is None:
                     stats = HostStats(self._config, self._clock)
+                    stats.read_in_flight_from(_reader(self._sources, key))
                     self._stats[key] = stats
         return stats
+
+    def add_in_flight_source(self, source: InFlightSource) -> None:
+        """Count in flight with ``source`` too (a session's pools), for every host."""
+        with self._lock:
+            if source not in self._sources:
+                self._sources = (*self._sources, source)
+                self._publish_sources()
+
+    def remove_in_flight_source(self, source: InFlightSource | None = None) -> None:
+        """Stop counting with ``source`` (None: with every source; the attempts counted
+        here count again when none is left)."""
+        with self._lock:
+            self._sources = tuple(s for s in self._sources if source is not None and s != source)
+            self._publish_sources()
+
+    @property
+    def in_flight_sources(self) -> int:
+        """How many sessions' pools the in-flight counts are read from (0: counted here)."""
+        return len(self._sources)
+
+    def _publish_sources(self) -> None:
+        # Caller holds the lock.
+        for key, stats in self._stats.items():
+            stats.read_in_flight_from(_reader(self._sources, key))
 
     def peek(self, key: Hashable) -> HostStats | None:
         """The stats of ``key`` if it has any (never creates them)."""
@@ -379,3 +444,16 @@ class StatsRegistry:
 
     def __iter__(self) -> Iterator[Hashable]:
         return iter(list(self._stats))
+
+
+def _reader(sources: tuple[InFlightSource, ...], key: Hashable) -> Callable[[], int] | None:
+    """``key``'s in-flight count from ``sources``: one call for the usual single session."""
+    if not sources:
+        return None
+    if len(sources) == 1:
+        return partial(sources[0], key)
+    return partial(_sum_of, sources, key)
+
+
+def _sum_of(sources: tuple[InFlightSource, ...], key: Hashable) -> int:
+    return sum(source(key) for source in sources)

@@ -25,6 +25,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from cassandra import OperationTimedOut
@@ -39,6 +40,9 @@ from adaptive_lb._driver import (
     FUTURE_POLICY_ATTRIBUTE,
     driver_release,
     hook_future,
+    pool_problems,
+    read_pool_in_flight,
+    session_pools,
     tracking_problems,
 )
 from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
@@ -211,6 +215,15 @@ class RequestTracker:
         self.prober = Prober(session, self.policies)
         """Sends the policies' active probes (:mod:`adaptive_lb.prober`)."""
         self._probe_query = self.prober.statement
+        self.pool_problems: list[str] = []
+        """What this driver lacks for reading in-flight counts from the session's pools;
+        not empty: every request is tracked and its attempts counted in flight here."""
+        self._in_flight_source: Callable[[Any], int] | None = None
+        self._sourced: frozenset[AdaptiveLoadBalancingPolicy] = frozenset()
+        """The policies whose in-flight counts come from this session's pools."""
+        self.sampling = False
+        """Only a sample of requests is tracked (:mod:`adaptive_lb.sampling`) once traffic
+        is thick: the plans read in-flight counts from the driver's pools."""
         self.problems = tracking_problems()
         """What this driver lacks that tracking hooks; not empty: no request is tracked
         (nor touched, nor probed), and the policies plan as if every host were idle."""
@@ -218,8 +231,15 @@ class RequestTracker:
             self._closed = True
             _warn_unknown_driver(self.problems)
             return
+        self.pool_problems = pool_problems(session)
+        if self.pool_problems:
+            _warn_unknown_driver(self.pool_problems, "in-flight counts")
+        else:
+            self._in_flight_source = partial(read_pool_in_flight, session_pools(session))
+        self.sampling = self._in_flight_source is not None
         session.add_request_init_listener(self._on_request)
         for policy in self.policies:
+            self._adopt(policy)
             policy.tracking_attached()
             policy.start_health_refresh()
         self.prober.start()
@@ -243,11 +263,31 @@ class RequestTracker:
             except Exception:
                 policy.record_error("tracing", "this request is tracked without its span")
         if attempts is None:
+            if self.sampling:
+                if policy not in self._sourced:
+                    self._adopt(policy)
+                # Sampler.take, inlined: one in `every` requests is tracked, by count.
+                sampler = policy.sampler
+                n = next(sampler.count)
+                if n % sampler.every:
+                    return
+                sampler.picked(n)
             attempts = _Attempts()
             attempts.policy = policy
             hook_future(future, attempts)
         else:  # a request span ends with its request, even one that ends outside a response
             hook_future(future, attempts, every_end=True)
+
+    def _adopt(self, policy: AdaptiveLoadBalancingPolicy) -> None:
+        """Read ``policy``'s in-flight counts from this session's pools (a policy of an
+        execution profile added after attach is adopted at its first request)."""
+        source = self._in_flight_source
+        if source is not None:
+            with self._close_lock:
+                if self._closed:
+                    return
+                policy.stats.add_in_flight_source(source)
+                self._sourced = self._sourced | {policy}
 
     def close(self) -> None:
         """Stop tracking new requests (requests already hooked are still released when
@@ -260,20 +300,33 @@ class RequestTracker:
         self.prober.close()
         with contextlib.suppress(ValueError):
             self._session.remove_request_init_listener(self._on_request)
+        if self._in_flight_source is not None:
+            for policy in self._sourced:
+                policy.stats.remove_in_flight_source(self._in_flight_source)
         for policy in self.policies:
             policy.tracking_attached(False)
             policy.stop_health_refresh()
 
 
-_warned_drivers: set[str] = set()
+_warned_drivers: set[tuple[str, str]] = set()
 
 
-def _warn_unknown_driver(problems: list[str]) -> None:
-    """One WARNING per driver release and process: tracking is off, and why."""
+def _warn_unknown_driver(problems: list[str], what: str = "") -> None:
+    """One WARNING per driver release and process: tracking is off (or, for ``what``
+    "in-flight counts", every request is tracked instead of a sample), and why."""
     release = driver_release()
-    if release in _warned_drivers:
+    if (release, what) in _warned_drivers:
         return
-    _warned_drivers.add(release)
+    _warned_drivers.add((release, what))
+    if what:
+        log.warning(
+            "adaptive-lb: %s does not keep its connection pools as this release expects "
+            "(%s): in-flight counts are taken by tracking every request instead of from "
+            "the pools (more CPU per request). docs/deployment.md lists the tested releases.",
+            release,
+            "; ".join(problems),
+        )
+        return
     log.warning(
         "adaptive-lb: %s is not a driver release whose internals request tracking knows "
         "(%s): requests are not tracked and every host looks idle; plans are still "

@@ -112,6 +112,11 @@ class TrackingConfig:
     """HdrHistogram precision (significant decimal digits)."""
     ewma_alpha: float = field(default=0.1, validator=[number, gt(0.0), le(1.0)])
     """Weight of the newest sample in the smoothed latency."""
+    samples_per_host: float = field(default=100.0, validator=[number, ge(0.0), le(1e6)])
+    """Requests per local host per second whose attempts are tracked (timed, their outcomes
+    recorded) once traffic is thicker: then one request in k is tracked, k from the
+    measured rate; below it, every request is. In-flight counts come from the driver and
+    need no tracking. 0: every request is tracked, whatever the rate."""
 
     def __attrs_post_init__(self) -> None:
         if self.latency_max <= self.latency_min:

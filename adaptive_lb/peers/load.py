@@ -20,6 +20,8 @@ from typing import Any
 
 from attrs import define, field
 
+from adaptive_lb._driver import is_tracked
+
 
 @define
 class LoadResult:
@@ -31,6 +33,9 @@ class LoadResult:
     """Host address -> requests it answered."""
     attempts: Counter = field(factory=Counter)
     """Host address -> attempts sent to it (``ResponseFuture.attempted_hosts``)."""
+    tracked_attempts: Counter = field(factory=Counter)
+    """Host address -> attempts of the requests request tracking tracked (all of them, or
+    its sample once traffic is thick: :mod:`adaptive_lb.sampling`)."""
     errors: Counter = field(factory=Counter)
     """Exception type name -> requests that failed."""
     error_messages: dict[str, str] = field(factory=dict)
@@ -133,12 +138,16 @@ def _closed_loop(
                 local.latencies.append(time.perf_counter() - start)
                 if future.coordinator_host is not None:
                     local.coordinators[future.coordinator_host.address] += 1
+            tracked = future is not None and is_tracked(future)
             for host in future.attempted_hosts if future is not None else ():
                 local.attempts[host.address] += 1
+                if tracked:
+                    local.tracked_attempts[host.address] += 1
         with lock:
             result.latencies.extend(local.latencies)
             result.coordinators.update(local.coordinators)
             result.attempts.update(local.attempts)
+            result.tracked_attempts.update(local.tracked_attempts)
             result.errors.update(local.errors)
             for name, message in local.error_messages.items():
                 result.error_messages.setdefault(name, message)

@@ -16,6 +16,7 @@ from cassandra.policies import (
 )
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config, instrument
+from adaptive_lb._driver import is_tracked
 from adaptive_lb.config import HealthConfig, PolicyConfig, TrackingConfig
 from adaptive_lb.health import HealthState
 from tests.integration.load import LoadResult, closed_loop
@@ -87,14 +88,16 @@ def run(session: Any, stmt: Any, concurrency: int, seconds: float) -> LoadResult
 
 
 def assert_exact_accounting(policy: AdaptiveLoadBalancingPolicy, result: LoadResult) -> None:
-    """Every attempt the driver made was counted once and released once."""
+    """Every attempt of a tracked request (all of them while traffic is thin, a 1-in-k
+    sample above it) was counted once and released once; none of the others was."""
     for view in policy.topology.by_id.values():
         stats = view.stats
         address = view.host.address
-        assert stats.in_flight == 0, address
+        assert stats.counted_in_flight == 0, address
         assert stats.underflows == 0, address
         released = stats.requests_total + stats.abandons_total
-        assert released == result.attempts[address], (address, released, result.attempts)
+        tracked = result.tracked_attempts[address]
+        assert released == tracked, (address, released, tracked, result.attempts)
 
 
 def test_plans_contain_exactly_the_hosts_the_child_allows(driver_factory, nodes):
@@ -192,7 +195,7 @@ def test_failing_node_turns_erroring_then_warms_back(simulacron, driver_factory,
         states.add(stats.health_state)
     assert HealthState.WARMING in states
     assert stats.health_state is HealthState.HEALTHY
-    assert stats.in_flight == 0
+    assert stats.counted_in_flight == 0
 
 
 def test_stalled_node_is_avoided_and_traffic_returns(simulacron, driver_factory, nodes):
@@ -216,7 +219,7 @@ def test_stalled_node_is_avoided_and_traffic_returns(simulacron, driver_factory,
         recovered.attempts.update(part.attempts)
     assert recovered.attempts[stalled] >= 50
     time.sleep(0.2)
-    assert all(v.stats.in_flight == 0 for v in policy.topology.by_id.values())
+    assert all(v.stats.counted_in_flight == 0 for v in policy.topology.by_id.values())
 
 
 def test_node_down_and_back_returns_through_warming(simulacron, driver_factory, nodes):
@@ -243,7 +246,7 @@ def test_node_down_and_back_returns_through_warming(simulacron, driver_factory, 
     result = run(session, stmt, 4, 1.0)
     assert result.attempts[victim] > 0
     time.sleep(0.2)
-    assert all(v.stats.in_flight == 0 for v in policy.topology.by_id.values())
+    assert all(v.stats.counted_in_flight == 0 for v in policy.topology.by_id.values())
 
 
 def test_speculative_executions_are_tracked_per_attempt(simulacron, driver_factory, nodes):
@@ -272,6 +275,8 @@ def test_speculative_executions_are_tracked_per_attempt(simulacron, driver_facto
         future.result()
         for h in future.attempted_hosts:
             result.attempts[h.address] += 1
+            if is_tracked(future):
+                result.tracked_attempts[h.address] += 1
     time.sleep(0.5)  # late responses of the losing attempts
     speculated = sum(result.attempts.values()) - 300
     print(f"\nspeculative: {speculated} extra attempts, per host {dict(result.attempts)}")

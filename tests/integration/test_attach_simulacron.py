@@ -242,7 +242,7 @@ def test_the_off_switch_gives_a_slow_node_its_stock_share_then_nothing(
     off = load(session, statement)
     snapshot = policy.snapshot()
     assert snapshot.host(slow).health_state == "slow"  # judged while off
-    assert snapshot.host(slow).requests_total >= off.attempts[slow] > 0
+    assert snapshot.host(slow).requests_total >= off.tracked_attempts[slow] > 0
     assert policy_labels(scrape(attachment.prometheus_port), "adaptive_lb_policy_enabled") == {
         "0": 0.0
     }
@@ -419,7 +419,7 @@ def test_a_speculative_execution_is_counted(attached, spans):
     kinds = [a["adaptive_lb.attempt.kind"] for a in attempts_of(span)]
     assert kinds[0] == "first" and "speculative" in kinds
     assert policy.snapshot() is not None
-    assert sum(h.in_flight for h in policy.snapshot().hosts) == 0
+    assert sum(v.stats.counted_in_flight for v in policy.topology.by_id.values()) == 0
 
 
 def test_a_client_timeout_ends_the_span_with_its_error(attached, spans):

@@ -133,7 +133,7 @@ def test_a_stalled_node_costs_at_most_two_timeouts_and_returns(simulacron, drive
     for view in policy.topology.local:
         released = view.stats.requests_total + view.stats.abandons_total
         assert released == load.attempts[view.host.address], view.host.address
-        assert view.stats.in_flight == 0
+        assert view.stats.counted_in_flight == 0
     assert policy.internal_errors == 0
 
 

@@ -65,6 +65,7 @@ BOUNDS = [
     ("tracking.latency_max", ["60s", "1h", 0.01], ["2h", 0], "must be <= 3600, got 7200"),
     ("tracking.significant_digits", [1, 5], [0, 6], "must be >= 1, got 0"),
     ("tracking.ewma_alpha", [0.01, 1], [0, 1.1, -0.5], "must be > 0, got 0"),
+    ("tracking.samples_per_host", [0, 100, 2.5, 1e6], [-1, 1e7], "must be >= 0, got -1"),
     ("health.percentile", [50, 100, 0.1], [0, 100.1], "must be > 0, got 0"),
     ("health.outlier_factor", [1.01, 10], [0.5, 1], "must be > 1, got 0.5"),
     ("health.slow_floor", [0, "2ms", "0s"], ["-2ms", -0.001], "must be a duration"),

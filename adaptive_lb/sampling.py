@@ -1,0 +1,97 @@
+"""Which requests are tracked: all of them while traffic is thin, a 1-in-k sample above
+``tracking.samples_per_host`` tracked requests per local host per second (pure logic, no
+driver import).
+
+Tracking a request (its attempts hooked, counted, timed, their outcomes recorded) is what
+costs a busy client its CPU; the plan itself reads in-flight counts from the driver's pools
+and needs no tracking. So :mod:`adaptive_lb.tracking` asks :meth:`Sampler.take` once per
+request, before anything is known about it, and tracks only the requests it picks:
+
+* by count, never by outcome: every k-th request planned by the policy (one C-level
+  ``next()`` and a modulo), so the latencies and error rates of the sample are those of
+  all requests, only fewer of them;
+* k from the measured request rate: ``k = floor(rate / (samples_per_host x local
+  hosts))``, at least 1 -- every request while the policy's traffic is within the budget,
+  which is where the thin-traffic judgement needs every answer it can get. The rate is
+  re-measured on a picked request once ``RESAMPLE_S`` has passed, so a burst turns sampling
+  on within about a second and a lull turns it off within one picked request;
+* ``samples_per_host: 0`` tracks every request (k stays 1).
+
+A host that gets few requests because it is avoided (a SLOW host at 64x penalty) gets few
+samples too: the probes (:mod:`adaptive_lb.probes`) keep evidence fresh for it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+
+from adaptive_lb.counting import counter_value
+
+__all__ = ["RESAMPLE_S", "Sampler", "sample_every"]
+
+RESAMPLE_S = 1.0
+"""Seconds between two measurements of the request rate."""
+
+
+def sample_every(rate: float, samples_per_host: float, hosts: int) -> int:
+    """k, for tracking one request in k: 1 while ``rate`` (requests per second) is within
+    ``samples_per_host`` x ``hosts`` (or sampling is off: ``samples_per_host`` 0)."""
+    budget = samples_per_host * max(hosts, 1)
+    if budget <= 0 or rate <= budget:
+        return 1
+    return max(1, math.floor(rate / budget))
+
+
+class Sampler:
+    """Picks the requests of one policy that are tracked (see the module docstring).
+
+    ``hosts()`` counts the policy's local candidate hosts; ``now_ns()`` is its clock.
+    Read by every request without a lock: ``every`` (k) and ``count``; a race between two
+    threads re-measuring at once only measures twice."""
+
+    __slots__ = ("_last_n", "_last_ns", "count", "every", "hosts", "now_ns", "samples_per_host")
+
+    def __init__(
+        self, samples_per_host: float, hosts: Callable[[], int], now_ns: Callable[[], int]
+    ) -> None:
+        self.samples_per_host = samples_per_host
+        self.hosts = hosts
+        self.now_ns = now_ns
+        self.count = itertools.count()
+        """Requests planned by the policy and seen by tracking (``next()`` per request)."""
+        self.every = 1
+        """k: one request in ``every`` is tracked."""
+        self._last_n = 0
+        self._last_ns = now_ns()
+
+    def take(self) -> bool:
+        """Whether the request being sent is tracked (call once per request). Tracking
+        inlines the same test; this is its reference form."""
+        n = next(self.count)
+        if n % self.every:
+            return False
+        self.picked(n)
+        return True
+
+    def picked(self, n: int) -> None:
+        """Request ``n`` was picked: re-measure the rate if ``RESAMPLE_S`` has passed."""
+        now = self.now_ns()
+        elapsed_s = (now - self._last_ns) / 1e9
+        if elapsed_s < RESAMPLE_S:
+            return
+        rate = (n - self._last_n) / elapsed_s
+        self._last_n, self._last_ns = n, now
+        self.every = sample_every(rate, self.samples_per_host, self.hosts())
+
+    def configure(self, samples_per_host: float) -> None:
+        """Adopt a new ``tracking.samples_per_host`` (0: every request, at once)."""
+        self.samples_per_host = samples_per_host
+        if samples_per_host <= 0:
+            self.every = 1
+
+    @property
+    def requests(self) -> int:
+        """Requests counted so far (tracked or not)."""
+        return counter_value(self.count)
