@@ -73,7 +73,10 @@ class HostSnapshot:
     live: bool = field(metadata=_NOW)
     """The driver reports the host up."""
     in_flight: int = field(metadata=_NOW)
-    """Attempts sent to the host and not yet ended."""
+    """Requests in flight on the host: the driver's count of its connection pool (every
+    request, its retries and speculative executions, and streams orphaned by a client
+    timeout until the server answers), or the tracked attempts not yet ended when
+    ``in_flight_from_pools`` is false."""
     window_requests: int = field(metadata=_REFRESH)
     """Attempts that ended with an outcome (success, error or timeout) in the statistics
     window; 0 before the first health refresh that saw the host."""
@@ -172,6 +175,16 @@ class PolicySnapshot:
     False every host looks idle and unmeasured."""
     untracked_plans: int = field(metadata=_LIFETIME)
     """Plans made while no request tracking was attached."""
+    tracking_requests: int = field(metadata=_LIFETIME)
+    """Requests request tracking saw for this policy, tracked or not
+    (:mod:`adaptive_lb.sampling`)."""
+    tracked_one_in: int = field(metadata=_NOW)
+    """One request in this many is tracked (its attempts timed, their outcomes recorded
+    in the ``window_*`` fields and ``*_total`` counters): 1 while traffic is within
+    ``tracking.samples_per_host`` per local host per second."""
+    in_flight_from_pools: bool = field(metadata=_NOW)
+    """``in_flight`` is the driver's count of each host's connection pool (False: the
+    tracked attempts, counted by adaptive-lb)."""
     forked_from_pid: int | None = field(metadata=_LIFETIME)
     """Set in a process forked after the policy was made: the pid of the process it came
     from, whose connections and tracking stayed there (docs/deployment.md); None: not."""
@@ -287,6 +300,9 @@ class PolicySnapshot:
             health_refreshes=health.refreshes,
             request_tracking=policy.request_tracking,
             untracked_plans=policy.untracked_plans,
+            tracking_requests=policy.sampler.requests,
+            tracked_one_in=policy.sampler.every,
+            in_flight_from_pools=policy.stats.in_flight_sources > 0,
             forked_from_pid=policy.forked_from_pid,
             local_rack=policy.local_rack,
             local_rack_source=policy.local_rack_source,

@@ -183,6 +183,20 @@ _POLICY_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
         "Plans made while no request tracking was attached.",
         "untracked_plans",
     ),
+    (
+        CounterMetricFamily,
+        "adaptive_lb_tracking_requests",
+        "Requests request tracking saw, tracked or not (the host counters count the "
+        "tracked ones' attempts).",
+        "tracking_requests",
+    ),
+    (
+        GaugeMetricFamily,
+        "adaptive_lb_tracked_one_in",
+        "One request in this many is tracked (1 while traffic is within "
+        "tracking.samples_per_host per local host per second).",
+        "tracked_one_in",
+    ),
 )
 
 

@@ -310,6 +310,77 @@ def test_a_driver_release_tracking_does_not_know_is_left_alone(
     assert "ResponseFuture._query is gone" in warning.getMessage()
 
 
+def test_in_flight_is_the_drivers_count_of_the_pool(driver_factory, nodes):
+    """Issue 26: the score's in-flight is read from the session's pools (the contract test of
+    ``_driver.read_pool_in_flight`` on a live session, both drivers). Requests that timed
+    out on the client stay in flight there -- their streams are orphaned until the server
+    answers, and they load it meanwhile -- while tracking has released its own count."""
+    policy = adaptive_policy()
+    _, session = driver_factory(policy, contact_points=[nodes[0]])
+    tracker = adaptive_lb.instrument(session)
+    assert tracker.sampling and not tracker.pool_problems
+    wait_for_pools(session, "dc1")
+    host = next(v.host for v in policy.topology.local if v.host.address == nodes[2])
+    stats = policy.stats.peek(host)
+    assert stats is not None and stats.in_flight == 0
+    futures = [
+        session.execute_async(SimpleStatement(HANGING), timeout=0.3, host=host) for _ in range(5)
+    ]
+    for future in futures:
+        with pytest.raises(OperationTimedOut):
+            future.result()
+    assert stats.counted_in_flight == 0  # tracking released its attempts as timeouts
+    assert stats.in_flight == 5  # the driver's streams wait for answers that never come
+    assert stats.timeouts_total == 5
+
+
+def test_thick_traffic_tracks_a_sample_exactly(driver_factory, nodes):
+    """Issue 26: above ``tracking.samples_per_host`` per local host per second, one request
+    in k is tracked, by count; each attempt of those is counted and released once, and no
+    other is. In-flight counts still come from the pools for every request."""
+    config = parse_config("policy: {local_rack: null}\ntracking: {samples_per_host: 20}\n")
+    policy = adaptive_policy(config)
+    _, session = driver_factory(policy, contact_points=[nodes[0]])
+    adaptive_lb.instrument(session)
+    statement = session.prepare(QUERY)
+    wait_for_pools(session, "dc1")
+    result = closed_loop(session, lambda i: (statement, [i % 5000]), 16, 3.0)
+    assert not result.errors
+    total, tracked = sum(result.attempts.values()), sum(result.tracked_attempts.values())
+    print(f"\nsampling: {tracked} of {total} attempts tracked, one in {policy.sampler.every}")
+    assert policy.sampler.every > 1
+    assert 0 < tracked < total / 2
+    for view in policy.topology.local:
+        stats, address = view.stats, view.host.address
+        assert stats.requests_total + stats.abandons_total == result.tracked_attempts[address]
+        assert stats.counted_in_flight == 0 and stats.underflows == 0
+
+
+def test_a_driver_whose_pools_are_not_known_tracks_every_request(
+    driver_factory, nodes, monkeypatch, caplog
+):
+    """Issue 26: where the pools are not what this release reads (stood in for by the
+    check's answer), attach warns once and tracks every request, counting in-flight itself:
+    no sampling without the driver's count."""
+    from adaptive_lb import tracking
+
+    monkeypatch.setattr(tracking, "pool_problems", lambda session: ["Session._pools is gone"])
+    monkeypatch.setattr(tracking, "_warned_drivers", set())
+    config = parse_config("policy: {local_rack: null}\ntracking: {samples_per_host: 1}\n")
+    policy = adaptive_policy(config)
+    _, session = driver_factory(policy, contact_points=[nodes[0]])
+    with caplog.at_level("WARNING", logger="adaptive_lb.tracking"):
+        tracker = adaptive_lb.instrument(session)
+    assert not tracker.sampling
+    statement = session.prepare(QUERY)
+    wait_for_pools(session, "dc1")
+    result = closed_loop(session, lambda i: (statement, [i % 5000]), 8, 1.5)
+    assert result.tracked_attempts == result.attempts
+    assert policy.stats.in_flight_sources == 0
+    (warning,) = [r for r in caplog.records if "connection pools" in r.getMessage()]
+    assert "Session._pools is gone" in warning.getMessage()
+
+
 def test_attach_again_after_shutdown_and_two_live_sessions(driver_factory, nodes):
     """In prometheus_client's global registry, as an application has it: connect, attach,
     ``cluster.shutdown()``, then a new Cluster with a new policy and attach again; then a

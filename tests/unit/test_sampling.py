@@ -1,0 +1,94 @@
+"""Which requests request tracking tracks (adaptive_lb.sampling), and where in-flight
+counts come from (StatsRegistry's in-flight sources)."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaptive_lb.clock import ManualClock
+from adaptive_lb.config import TrackingConfig
+from adaptive_lb.sampling import RESAMPLE_S, Sampler, sample_every
+from adaptive_lb.stats import StatsRegistry
+
+
+@pytest.mark.parametrize(
+    ("rate", "per_host", "hosts", "every"),
+    [
+        (10, 100, 3, 1),  # a thin client: every request
+        (300, 100, 3, 1),  # exactly the budget
+        (601, 100, 3, 2),
+        (3500, 100, 3, 11),
+        (3500, 100, 0, 35),  # no host known yet: counted as one
+        (1e6, 0, 3, 1),  # sampling off
+    ],
+)
+def test_one_request_in_k_by_the_rate(rate, per_host, hosts, every):
+    assert sample_every(rate, per_host, hosts) == every
+
+
+def drive(sampler: Sampler, clock: ManualClock, rate: float, seconds: float) -> int:
+    """Requests at ``rate`` a second for ``seconds``; how many were picked."""
+    picked = 0
+    step_ns = int(1e9 / rate)
+    for _ in range(int(rate * seconds)):
+        clock.advance(step_ns)
+        picked += sampler.take()
+    return picked
+
+
+def test_thick_traffic_is_sampled_and_thin_traffic_is_not():
+    clock = ManualClock()
+    sampler = Sampler(10.0, lambda: 3, clock.now_ns)
+    assert drive(sampler, clock, 20, 3.0) == 60  # within 30 a second: all of them
+    drive(sampler, clock, 300, 2.0)  # the rate is measured on a picked request
+    assert sampler.every == 10
+    assert drive(sampler, clock, 300, 3.0) == pytest.approx(90, abs=2)  # 30 a second
+    # A lull turns sampling off at the next picked request (within k requests).
+    drive(sampler, clock, 5, 3.0)
+    assert sampler.every == 1
+    assert drive(sampler, clock, 5, 2.0) == 10
+
+
+def test_the_sample_is_by_count_never_by_outcome():
+    """Every k-th request, whatever happens to the others: the picked ones are evenly
+    spaced in the order the requests were made."""
+    clock = ManualClock()
+    sampler = Sampler(1.0, lambda: 1, clock.now_ns)
+    sampler.every = 7
+    sampler._last_ns = clock.now_ns()  # no re-measurement during the check
+    picks = [i for i in range(70) if sampler.take()]
+    assert picks == list(range(0, 70, 7))
+
+
+def test_turning_sampling_off_tracks_every_request_at_once():
+    clock = ManualClock()
+    sampler = Sampler(1.0, lambda: 1, clock.now_ns)
+    drive(sampler, clock, 100, 2 * RESAMPLE_S)
+    assert sampler.every > 1
+    sampler.configure(0.0)
+    assert sampler.every == 1
+    assert drive(sampler, clock, 100, 2 * RESAMPLE_S) == 200
+    assert sampler.requests == 400
+
+
+def test_in_flight_comes_from_the_sources_when_there_are_any():
+    registry = StatsRegistry(TrackingConfig(), ManualClock())
+    before = registry.get("a")
+    before.on_send()
+    assert before.in_flight == 1  # counted here
+    pools = {"a": 4, "b": 2}
+    other = {"a": 1}
+    registry.add_in_flight_source(lambda key: pools.get(key, 0))
+    after = registry.get("b")
+    assert (before.in_flight, after.in_flight) == (4, 2)  # existing and new hosts
+    pools["a"] = 5
+    assert before.in_flight == 5  # live, never copied
+    source = lambda key: other.get(key, 0)  # noqa: E731 (compared by identity below)
+    registry.add_in_flight_source(source)
+    assert registry.in_flight_sources == 2
+    assert before.in_flight == 6  # two sessions on one policy: the sum
+    registry.remove_in_flight_source(source)
+    assert before.in_flight == 5
+    registry.remove_in_flight_source()
+    assert (before.in_flight, after.in_flight) == (1, 0)  # counted here again
+    assert before.counted_in_flight == 1
