@@ -38,7 +38,7 @@ from cassandra.policies import (
 from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
-from adaptive_lb.cli import HelpFormatter, format_written
+from adaptive_lb.cli_format import HelpFormatter, format_written
 from adaptive_lb.config import PolicyConfig
 from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
 

@@ -311,7 +311,7 @@ def _start_simulated(options: LoadtestOptions, stack: ExitStack, err: TextIO) ->
 
 def add_subcommand(subparsers: Any) -> None:
     """Register ``loadtest`` on an argparse subparsers object."""
-    from adaptive_lb.cli import HelpFormatter
+    from adaptive_lb.cli_format import HelpFormatter
 
     parser = subparsers.add_parser(
         "loadtest",

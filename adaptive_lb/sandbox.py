@@ -83,7 +83,7 @@ def _wait(stop: threading.Event, seconds: float | None) -> None:
 
 def add_subcommand(subparsers: Any) -> None:
     """Register ``sandbox`` on the top-level command line."""
-    from adaptive_lb.cli import HelpFormatter
+    from adaptive_lb.cli_format import HelpFormatter
 
     parser = subparsers.add_parser(
         "sandbox",

@@ -19,16 +19,22 @@ import functools
 import json
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from attrs import define, field
 
 if TYPE_CHECKING:
     import cattrs
 
-    from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
+    from adaptive_lb.clock import Clock
+    from adaptive_lb.config import Config
+    from adaptive_lb.health import HealthModel
+    from adaptive_lb.replicas import ReplicaCache
+    from adaptive_lb.sampling import Sampler
+    from adaptive_lb.stats import StatsRegistry
+    from adaptive_lb.topology import Topology
 
-__all__ = ["AS_OF", "HostSnapshot", "PolicySnapshot", "take_snapshot"]
+__all__ = ["AS_OF", "HostSnapshot", "PolicySnapshot", "SnapshotSource", "take_snapshot"]
 
 log = logging.getLogger("adaptive_lb.exporters")
 
@@ -54,6 +60,46 @@ def _converter() -> cattrs.Converter:
     import cattrs
 
     return cattrs.Converter(unstruct_collection_overrides={Sequence: list})
+
+
+class SnapshotSource(Protocol):
+    """What a snapshot reads of a policy (:class:`adaptive_lb.AdaptiveLoadBalancingPolicy`
+    is one): its public attributes, nothing else. Named here so that the snapshot depends
+    on the numbers it reads, not on the policy that returns it."""
+
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def health(self) -> HealthModel: ...
+    @property
+    def topology(self) -> Topology: ...
+    @property
+    def replica_cache(self) -> ReplicaCache | None: ...
+    @property
+    def internal_errors_by_stage(self) -> dict[str, int]: ...
+    @property
+    def config(self) -> Config: ...
+    @property
+    def config_hash(self) -> str: ...
+    @property
+    def request_tracking(self) -> bool: ...
+    @property
+    def untracked_plans(self) -> int: ...
+    @property
+    def local_rack(self) -> str | None: ...
+    @property
+    def local_rack_source(self) -> str: ...
+    @property
+    def untracked_attempts(self) -> int: ...
+    @property
+    def unknown_host_events(self) -> int: ...
+    @property
+    def decisions_by_position(self) -> dict[str, int]: ...
+
+    sampler: Sampler
+    stats: StatsRegistry
+    forked_from_pid: int | None
+    config_reloads: dict[str, int]
 
 
 @define(frozen=True, slots=True)
@@ -235,7 +281,7 @@ class PolicySnapshot:
         return self.replica_cache_hits / total if total else 0.0
 
     @classmethod
-    def of(cls, policy: AdaptiveLoadBalancingPolicy) -> PolicySnapshot:
+    def of(cls, policy: SnapshotSource) -> PolicySnapshot:
         """``policy``'s numbers now: in-flight as of now, window counts, percentiles and
         health as of the last health refresh, lifetime counters. Reads only the policy's
         public attributes; computes no percentile."""

@@ -40,7 +40,7 @@ from cassandra.query import PreparedStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
 from adaptive_lb.bench import driver_name
-from adaptive_lb.cli import HelpFormatter
+from adaptive_lb.cli_format import HelpFormatter
 from adaptive_lb.sim.driver_topology import build_cluster
 
 KEYS = 100_000

@@ -27,7 +27,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb.cli import HelpFormatter
+from adaptive_lb.cli_format import HelpFormatter
 from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 

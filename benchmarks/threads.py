@@ -31,7 +31,7 @@ from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.bench import cluster_45, driver_name, routed_statements
-from adaptive_lb.cli import HelpFormatter
+from adaptive_lb.cli_format import HelpFormatter
 from adaptive_lb.clock import SYSTEM_CLOCK
 from adaptive_lb.stats import StatsRegistry
 

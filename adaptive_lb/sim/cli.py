@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from adaptive_lb.cli import HelpFormatter, format_written
+from adaptive_lb.cli_format import HelpFormatter, format_written
 from adaptive_lb.config import ConfigError
 from adaptive_lb.sim.progress import ProgressBar
 from adaptive_lb.sim.report import (
