@@ -58,7 +58,8 @@ from adaptive_lb.replicas import ReplicaCache, ReplicaResolver
 from adaptive_lb.sampling import Sampler
 from adaptive_lb.scoring import HostView
 from adaptive_lb.snapshot import PolicySnapshot
-from adaptive_lb.stats import HostStats, StatsRegistry
+from adaptive_lb.stats import HostStats
+from adaptive_lb.stats_registry import StatsRegistry
 from adaptive_lb.topology import Topology, TopologyBook
 from adaptive_lb.tracing import DecisionRecorder, build_decision, current_recording_span
 from adaptive_lb.tracking_watch import TrackingWatch

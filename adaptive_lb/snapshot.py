@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from adaptive_lb.health import HealthModel
     from adaptive_lb.replicas import ReplicaCache
     from adaptive_lb.sampling import Sampler
-    from adaptive_lb.stats import StatsRegistry
+    from adaptive_lb.stats_registry import StatsRegistry
     from adaptive_lb.topology import Topology
 
 __all__ = ["AS_OF", "HostSnapshot", "PolicySnapshot", "SnapshotSource", "take_snapshot"]

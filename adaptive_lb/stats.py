@@ -4,7 +4,8 @@
 One :class:`HostStats` per host. The policy's hot path reads plain attributes without a
 lock (``in_flight``, ``health_penalty``, ``health_state``, ``rack_penalty``). ``in_flight``
 is the driver's own count of the host's pool when request tracking gave one
-(:meth:`HostStats.read_in_flight_from`), else the attempts counted here; request
+(:meth:`HostStats.read_in_flight_from`, set through
+:class:`adaptive_lb.stats_registry.StatsRegistry`), else the attempts counted here; request
 tracking calls one lifecycle method per event (:meth:`HostStats.on_send`, then exactly one
 of ``on_success`` / ``on_error`` / ``on_timeout`` / ``on_abandon`` / ``on_unsent``), each a
 single acquisition of the host's lock, so no count is ever lost -- also under free-threaded
@@ -23,8 +24,7 @@ Percentiles are computed only by :meth:`HostStats.window_stats`, never per reque
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from functools import partial
+from collections.abc import Callable, Sequence
 
 from attrs import define, field
 
@@ -35,7 +35,7 @@ from adaptive_lb.health_state import HealthState
 from adaptive_lb.probe_record import ProbeRecord
 from adaptive_lb.window import ERROR, ROTATE, TIMEOUT, SlidingWindow, WindowLayout
 
-__all__ = ["EVENTS_LIMIT", "HostStats", "InFlightSource", "StatsRegistry", "WindowStats"]
+__all__ = ["EVENTS_LIMIT", "HostStats", "WindowStats"]
 
 EVENTS_LIMIT = 1024
 """Events a host keeps before the request that appends the last one replays them itself:
@@ -354,106 +354,3 @@ class HostStats:
             ewma=ewma,
             in_flight=in_flight,
         )
-
-
-InFlightSource = Callable[[Hashable], int]
-"""Reads one session's in-flight count of a host key (the driver's pools)."""
-
-
-class StatsRegistry:
-    """Host key -> :class:`HostStats`. Lookups of existing keys take no lock (a dict read);
-    creation and removal do.
-
-    With in-flight sources (one per tracked session, :meth:`add_in_flight_source`), every
-    host's :attr:`HostStats.in_flight` is the sum of theirs for its key."""
-
-    def __init__(self, config: TrackingConfig, clock: Clock) -> None:
-        self._config = config
-        self._clock = clock
-        self._stats: dict[Hashable, HostStats] = {}
-        self._lock = threading.Lock()
-        self._sources: tuple[InFlightSource, ...] = ()
-
-    def get(self, key: Hashable) -> HostStats:
-        """The stats of ``key``, created on first use."""
-        stats = self._stats.get(key)
-        if stats is None:
-            with self._lock:
-                stats = self._stats.get(key)
-                if stats is None:
-                    stats = HostStats(self._config, self._clock)
-                    stats.read_in_flight_from(_reader(self._sources, key))
-                    self._stats[key] = stats
-        return stats
-
-    def add_in_flight_source(self, source: InFlightSource) -> None:
-        """Count in flight with ``source`` too (a session's pools), for every host."""
-        with self._lock:
-            if source not in self._sources:
-                self._sources = (*self._sources, source)
-                self._publish_sources()
-
-    def remove_in_flight_source(self, source: InFlightSource | None = None) -> None:
-        """Stop counting with ``source`` (None: with every source; the attempts counted
-        here count again when none is left)."""
-        with self._lock:
-            self._sources = tuple(s for s in self._sources if source is not None and s != source)
-            self._publish_sources()
-
-    @property
-    def in_flight_sources(self) -> int:
-        """How many sessions' pools the in-flight counts are read from (0: counted here)."""
-        return len(self._sources)
-
-    def _publish_sources(self) -> None:
-        # Caller holds the lock.
-        for key, stats in self._stats.items():
-            stats.read_in_flight_from(_reader(self._sources, key))
-
-    def peek(self, key: Hashable) -> HostStats | None:
-        """The stats of ``key`` if it has any (never creates them)."""
-        return self._stats.get(key)
-
-    def remove(self, key: Hashable) -> None:
-        """Forget ``key``; its memory goes once nothing refers to it. A HostStats still
-        referenced (requests in flight) keeps working, it is just no longer listed."""
-        with self._lock:
-            self._stats.pop(key, None)
-
-    def reconfigure(self, config: TrackingConfig) -> None:
-        """Apply a new tracking config to every host (their windows restart empty)."""
-        with self._lock:
-            self._config = config
-            stats = list(self._stats.values())
-        for host_stats in stats:
-            host_stats.reconfigure(config)
-
-    def keys(self) -> list[Hashable]:
-        """The known keys (a copy)."""
-        return list(self._stats)
-
-    def items(self) -> list[tuple[Hashable, HostStats]]:
-        """(key, stats) pairs (a copy)."""
-        return list(self._stats.items())
-
-    def __len__(self) -> int:
-        return len(self._stats)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._stats
-
-    def __iter__(self) -> Iterator[Hashable]:
-        return iter(list(self._stats))
-
-
-def _reader(sources: tuple[InFlightSource, ...], key: Hashable) -> Callable[[], int] | None:
-    """``key``'s in-flight count from ``sources``: one call for the usual single session."""
-    if not sources:
-        return None
-    if len(sources) == 1:
-        return partial(sources[0], key)
-    return partial(_sum_of, sources, key)
-
-
-def _sum_of(sources: tuple[InFlightSource, ...], key: Hashable) -> int:
-    return sum(source(key) for source in sources)

@@ -1,13 +1,17 @@
-"""Request tracking: every attempt counted in flight on the host it was sent to, released
-exactly once, its latency and outcome recorded.
+"""Request tracking: the attempts of the tracked requests counted, timed and released
+exactly once, their outcomes recorded; the plans' in-flight counts taken from the driver.
 
 ``adaptive_lb.instrument(session)`` registers a request-init listener (public driver API)
-that hooks each ``ResponseFuture`` created by the session whose plan came from an
-:class:`~adaptive_lb.policy.AdaptiveLoadBalancingPolicy`. Each *attempt* -- the first try,
-a retry on the same or another host, a speculative execution running beside the others --
-is:
+that sees each ``ResponseFuture`` created by the session whose plan came from an
+:class:`~adaptive_lb.policy.AdaptiveLoadBalancingPolicy`, and gives that policy the
+session's pools to read each host's in-flight count from (the driver's own count: every
+request, tracked or not). It *tracks* every request while the policy's traffic is thin and
+one in k above ``tracking.samples_per_host`` per local host per second
+(:mod:`adaptive_lb.sampling`), and every request whose context records a span. Each
+*attempt* of a tracked request -- the first try, a retry on the same or another host, a
+speculative execution running beside the others -- is:
 
-* counted in flight on its host just before it is written to the connection;
+* counted on its host just before it is written to the connection;
 * released once, by whichever happens first: its response arrives (success, fast error,
   server-side timeout, or the ``ConnectionShutdown`` the driver delivers when the session
   or the connection closes), or the request ends while it is still outstanding (a
@@ -16,7 +20,8 @@ is:
 Fast errors (overloaded, unavailable, bootstrapping, server error, broken connection) never
 enter the latency histogram, so a node that fails fast never looks fast. Requests refused
 for the client's own reasons (syntax, invalid, unauthorized...) count as answered: the host
-did its job.
+did its job. Where the driver's pools are not what this release reads, every request is
+tracked and in-flight is counted here instead.
 """
 
 from __future__ import annotations

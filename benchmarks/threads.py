@@ -33,7 +33,7 @@ from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.bench import cluster_45, driver_name, routed_statements
 from adaptive_lb.cli_format import HelpFormatter
 from adaptive_lb.clock import SYSTEM_CLOCK
-from adaptive_lb.stats import StatsRegistry
+from adaptive_lb.stats_registry import StatsRegistry
 
 SECONDS = 3.0
 

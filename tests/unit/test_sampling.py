@@ -8,7 +8,7 @@ import pytest
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import TrackingConfig
 from adaptive_lb.sampling import RESAMPLE_S, Sampler, sample_every
-from adaptive_lb.stats import StatsRegistry
+from adaptive_lb.stats_registry import StatsRegistry
 
 
 @pytest.mark.parametrize(

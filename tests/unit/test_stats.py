@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import TrackingConfig
 from adaptive_lb.health_state import HealthState
-from adaptive_lb.stats import EVENTS_LIMIT, HostStats, StatsRegistry, WindowStats
+from adaptive_lb.stats import EVENTS_LIMIT, HostStats, WindowStats
+from adaptive_lb.stats_registry import StatsRegistry
 
 MS = 1_000_000
 S = 1_000_000_000
