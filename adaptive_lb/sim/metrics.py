@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import define, field
 
 from adaptive_lb.sim.workload import FAILED, SUCCEEDED, TIMED_OUT, Request
 
-__all__ = ["PolicyResult", "Recorder", "percentile"]
+if TYPE_CHECKING:
+    from adaptive_lb.sim.scenario import Scenario
+
+__all__ = ["PolicyResult", "Recorder", "ScenarioReport", "percentile"]
 
 TIMELINE_BUCKETS = 60
 RETURN_WINDOW_S = 0.5
@@ -233,3 +236,19 @@ class PolicyResult:
             node_names=[node.name for node in nodes],
             wall_s=wall_s,
         )
+
+
+@define
+class ScenarioReport:
+    """One scenario's results, one per policy, in the scenario's policy order."""
+
+    scenario: Scenario
+    seed: int
+    results: list[PolicyResult]
+
+    def by_policy(self, name: str) -> PolicyResult | None:
+        """The result of policy ``name``, if it ran."""
+        for result in self.results:
+            if result.policy == name:
+                return result
+        return None

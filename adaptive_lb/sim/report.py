@@ -12,11 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attrs import define
-
 from adaptive_lb.sim.faults import fault_windows
-from adaptive_lb.sim.metrics import PolicyResult
-from adaptive_lb.sim.scenario import Scenario
+from adaptive_lb.sim.metrics import ScenarioReport
 from adaptive_lb.sim.targets import TargetCheck, check_targets
 
 __all__ = [
@@ -27,22 +24,6 @@ __all__ = [
     "to_json",
     "write_plots",
 ]
-
-
-@define
-class ScenarioReport:
-    """One scenario's results, one per policy, in the scenario's policy order."""
-
-    scenario: Scenario
-    seed: int
-    results: list[PolicyResult]
-
-    def by_policy(self, name: str) -> PolicyResult | None:
-        """The result of policy ``name``, if it ran."""
-        for result in self.results:
-            if result.policy == name:
-                return result
-        return None
 
 
 def _pct(value: float | None) -> str:

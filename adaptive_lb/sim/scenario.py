@@ -24,6 +24,7 @@ start of the run, latencies microseconds (``_us``) or milliseconds (``_ms``).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ __all__ = [
     "Scenario",
     "TopologySpec",
     "WorkloadSpec",
+    "cross_checks",
     "load_scenario",
     "parse_scenario",
     "scenario_dir",
@@ -260,15 +262,58 @@ class Scenario:
         return {z: dc for dc, zones in self.topology.datacenters.items() for z in zones}
 
 
+def cross_checks(scenario: Scenario) -> Iterator[tuple[str, str]]:
+    """Checks across keys: ``(key path, reason)`` per problem."""
+    zones = scenario.zones()
+    seen: dict[str, str] = {}
+    for dc, dc_zones in scenario.topology.datacenters.items():
+        for zone in dc_zones:
+            if zone in seen:
+                yield f"topology.datacenters.{dc}.{zone}", f"zone also in {seen[zone]}"
+            seen[zone] = dc
+    replication = scenario.topology.replication
+    if isinstance(replication, Mapping):
+        for dc in replication:
+            if dc not in scenario.topology.datacenters:
+                yield f"topology.replication.{dc}", "unknown datacenter"
+    matrix = scenario.network.matrix()
+    for src in zones:
+        for dst in zones:
+            if zones[src] == zones[dst] and dst not in matrix.get(src, {}):
+                yield f"network.latency_us.{src}.{dst}", "missing (zones of one datacenter)"
+    for src, row in matrix.items():
+        if src not in zones:
+            yield f"network.latency_us.{src}", "unknown zone"
+        for dst in row:
+            if dst not in zones:
+                yield f"network.latency_us.{src}.{dst}", "unknown zone"
+    workload = scenario.workload
+    client_dc = scenario.client_datacenter
+    if workload.datacenter is not None and workload.datacenter not in scenario.topology.datacenters:
+        yield "workload.datacenter", f"unknown datacenter {show(workload.datacenter)}"
+    elif workload.zones is not None:
+        for i, zone in enumerate(workload.zones):
+            if zones.get(zone) != client_dc:
+                yield f"workload.zones[{i}]", f"{show(zone)} is not a zone of {client_dc}"
+    if client_dc in scenario.topology.datacenters and scenario.topology.rf(client_dc) < 1:
+        yield "topology.replication", f"no replica in the clients' datacenter {client_dc}"
+    for i, fault in enumerate(scenario.faults):
+        zone, _, index = fault.node.partition("/")
+        fault_dc = zones.get(zone)
+        if fault_dc is None or not index.isdigit():
+            yield f"faults[{i}].node", f"{show(fault.node)} is not ZONE/INDEX of a known zone"
+        elif int(index) >= scenario.topology.datacenters[fault_dc][zone]:
+            count = scenario.topology.datacenters[fault_dc][zone]
+            yield f"faults[{i}].node", f"zone {zone} has {count} nodes (0-based index), got {index}"
+
+
 SECRET_KEYS = check.flagged_paths(Scenario, "secret")
 """Key paths of the secrets in a scenario (those of its ``adaptive_lb`` config)."""
 
 
 def parse_scenario(data: Any, *, source: str | None = None) -> Scenario:
     """A :class:`Scenario` from parsed YAML; :class:`ConfigError` lists every problem."""
-    return structure(
-        Scenario, data, source, secret_keys=SECRET_KEYS, check=scenario_checks.cross_checks
-    )
+    return structure(Scenario, data, source, secret_keys=SECRET_KEYS, check=cross_checks)
 
 
 def load_scenario(path: str | os.PathLike[str]) -> Scenario:
@@ -276,7 +321,7 @@ def load_scenario(path: str | os.PathLike[str]) -> Scenario:
     problem with its key path and line)."""
     text = read_text(path)
     return load_document(
-        Scenario, text, os.fspath(path), secret_keys=SECRET_KEYS, check=scenario_checks.cross_checks
+        Scenario, text, os.fspath(path), secret_keys=SECRET_KEYS, check=cross_checks
     )
 
 

@@ -2,26 +2,23 @@
 
 Field validators for the shapes the toolkit has no validator for (datacenters -> zones ->
 node counts, a replication factor or a mapping of them, the zone latency matrix, lists of
-names), and :func:`cross_checks` across keys (zones unique, faults on nodes that exist...).
+names); the checks across keys (zones unique, faults on nodes that exist...) are
+:func:`adaptive_lb.sim.scenario.cross_checks`, beside the scenario they read.
 Their messages name the place inside the value (``datacenters.dc1.A: ...``) or the key path,
 so that the loader (:mod:`adaptive_lb.config.structure`) reports the full path and its line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from attrs import Attribute
 
 from adaptive_lb.config.errors import show, type_name
 
-if TYPE_CHECKING:
-    from adaptive_lb.sim.scenario import Scenario
-
 __all__ = [
     "REFERENCE_KEYS",
-    "cross_checks",
     "datacenters",
     "latency_matrix",
     "names",
@@ -130,48 +127,3 @@ def names(choices: tuple[str, ...] | None = None) -> Any:
                 raise ValueError(f"{name}[{index}]: {show(item)} is listed twice")
 
     return check
-
-
-def cross_checks(scenario: Scenario) -> Iterator[tuple[str, str]]:
-    """Checks across keys: ``(key path, reason)`` per problem."""
-    zones = scenario.zones()
-    seen: dict[str, str] = {}
-    for dc, dc_zones in scenario.topology.datacenters.items():
-        for zone in dc_zones:
-            if zone in seen:
-                yield f"topology.datacenters.{dc}.{zone}", f"zone also in {seen[zone]}"
-            seen[zone] = dc
-    replication = scenario.topology.replication
-    if isinstance(replication, Mapping):
-        for dc in replication:
-            if dc not in scenario.topology.datacenters:
-                yield f"topology.replication.{dc}", "unknown datacenter"
-    matrix = scenario.network.matrix()
-    for src in zones:
-        for dst in zones:
-            if zones[src] == zones[dst] and dst not in matrix.get(src, {}):
-                yield f"network.latency_us.{src}.{dst}", "missing (zones of one datacenter)"
-    for src, row in matrix.items():
-        if src not in zones:
-            yield f"network.latency_us.{src}", "unknown zone"
-        for dst in row:
-            if dst not in zones:
-                yield f"network.latency_us.{src}.{dst}", "unknown zone"
-    workload = scenario.workload
-    client_dc = scenario.client_datacenter
-    if workload.datacenter is not None and workload.datacenter not in scenario.topology.datacenters:
-        yield "workload.datacenter", f"unknown datacenter {show(workload.datacenter)}"
-    elif workload.zones is not None:
-        for i, zone in enumerate(workload.zones):
-            if zones.get(zone) != client_dc:
-                yield f"workload.zones[{i}]", f"{show(zone)} is not a zone of {client_dc}"
-    if client_dc in scenario.topology.datacenters and scenario.topology.rf(client_dc) < 1:
-        yield "topology.replication", f"no replica in the clients' datacenter {client_dc}"
-    for i, fault in enumerate(scenario.faults):
-        zone, _, index = fault.node.partition("/")
-        fault_dc = zones.get(zone)
-        if fault_dc is None or not index.isdigit():
-            yield f"faults[{i}].node", f"{show(fault.node)} is not ZONE/INDEX of a known zone"
-        elif int(index) >= scenario.topology.datacenters[fault_dc][zone]:
-            count = scenario.topology.datacenters[fault_dc][zone]
-            yield f"faults[{i}].node", f"zone {zone} has {count} nodes (0-based index), got {index}"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from attrs import define
 
 if TYPE_CHECKING:
-    from adaptive_lb.sim.report import ScenarioReport
+    from adaptive_lb.sim.metrics import ScenarioReport
 
 __all__ = [
     "LEARNED_P50_TOLERANCE",

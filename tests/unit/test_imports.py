@@ -1,0 +1,140 @@
+"""The shape of the package's imports, read from the source (no module is imported).
+
+* No import cycle among the modules of ``adaptive_lb`` -- counting every import: at module
+  level, inside functions and under ``TYPE_CHECKING``, since a cycle of any kind means two
+  modules that cannot be understood apart. Importing the package itself
+  (``from adaptive_lb import ...``: its public names) is not an edge.
+* A module that says it is pure logic ("no driver import", "pure logic" in its docstring)
+  reaches no driver module, directly or through the modules it imports.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "adaptive_lb"
+DRIVER_MODULES = ("cassandra",)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_names(name: str, path: Path) -> set[str]:
+    """Every module name an import statement of ``path`` names, absolute."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return found
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(module -> the package's modules it imports, module -> every name it imports)."""
+    known = modules()
+    edges: dict[str, set[str]] = {}
+    names: dict[str, set[str]] = {}
+    for name, path in known.items():
+        names[name] = imported_names(name, path)
+        edges[name] = {n for n in names[name] if n in known and n not in (name, "adaptive_lb")}
+    return edges, names
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(edges) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_in_the_package():
+    edges, _ = import_graph()
+    assert len(edges) > 50  # the walk found the package
+    assert cycles(edges) == []
+
+
+def test_pure_modules_reach_no_driver_module():
+    edges, names = import_graph()
+    known = modules()
+    pure = [
+        name
+        for name, path in known.items()
+        if any(
+            phrase in (ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or "")
+            for phrase in ("no driver import", "pure logic")
+        )
+    ]
+    assert "adaptive_lb.scoring" in pure and "adaptive_lb.sampling" in pure
+    for name in pure:
+        reached, todo = set(), [name]
+        while todo:
+            module = todo.pop()
+            if module in reached:
+                continue
+            reached.add(module)
+            todo.extend(edges[module])
+        driver = sorted(
+            f"{module} imports {imported}"
+            for module in reached
+            for imported in names[module]
+            if imported.split(".")[0] in DRIVER_MODULES
+        )
+        assert driver == [], name
