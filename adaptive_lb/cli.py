@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help=f"see '{PROG} bench --help'")
     bench.set_defaults(handler=_bench)
 
-    from adaptive_lb.loadtest import add_subcommand as add_loadtest
+    from adaptive_lb.loadtest_cli import add_subcommand as add_loadtest
 
     add_loadtest(commands)
 
