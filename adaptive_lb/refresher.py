@@ -48,7 +48,8 @@ class HealthRefresh:
         """Which hosts get an active probe after each refresh (:mod:`adaptive_lb.probes`)."""
         self.probe_sender: Callable[[ProbeOrder], None] | None = None
         """Sends one probe (:mod:`adaptive_lb.prober`, while request tracking is
-        attached); None: no probes (the simulator, a policy without tracking)."""
+        attached; the simulator's :mod:`adaptive_lb.sim.driver_side`); None: no probes
+        (a policy without tracking)."""
 
     def refresh(self) -> list[HealthTransition]:
         """Refresh now (waits for a refresh in progress); the health transitions."""

@@ -61,6 +61,8 @@ DEMO_SCENARIOS = (
     "thin-slightly-slow",
     "thin-equal",
     "thin-many-clients",
+    "thin-stall",
+    "thin-stall-1rps",
 )
 """The scenarios ``adaptive-lb demo`` runs, from ``adaptive_lb/data/scenarios/<name>.yaml``."""
 

@@ -21,13 +21,14 @@ from typing import Any
 import attrs
 
 from adaptive_lb.clock import ManualClock
+from adaptive_lb.sim.driver_side import attach_driver_side
 from adaptive_lb.sim.driver_topology import DriverTopology, build_topology, murmur3_routing_keys
 from adaptive_lb.sim.engine import NS_PER_S, Engine
 from adaptive_lb.sim.faults import install_faults
 from adaptive_lb.sim.metrics import PolicyResult, Recorder
 from adaptive_lb.sim.network import Network
 from adaptive_lb.sim.node import Node
-from adaptive_lb.sim.policies import LABELS, build_policy
+from adaptive_lb.sim.policies import LABELS, AdaptiveFeedback, build_policy
 from adaptive_lb.sim.scenario import Scenario
 from adaptive_lb.sim.servers import SimulatedServers
 from adaptive_lb.sim.tracing import RequestTracer, TraceSpec, start_provider
@@ -192,18 +193,22 @@ def _run_policy(
             )
             kit.policy.populate(sim.topology.cluster, list(sim.topology.hosts))
             kits.append(kit)
-            clients.append(
-                Client(
-                    f"{zone}-{i}",
-                    zone,
-                    kit.policy,
-                    kit.feedback,
-                    sim.servers,
-                    sim.statements,
-                    recorder,
-                    scenario.workload,
-                )
+            client = Client(
+                f"{zone}-{i}",
+                zone,
+                kit.policy,
+                kit.feedback,
+                sim.servers,
+                sim.statements,
+                recorder,
+                scenario.workload,
             )
+            clients.append(client)
+            if isinstance(kit.feedback, AdaptiveFeedback):
+                # Production's rules: in-flight from the pools, a sample tracked, probes.
+                rng = _rng(seed, f"probes:{policy}:{client.name}")
+                client.pools, _ = attach_driver_side(kit.policy, zone, sim.servers, rng)
+                client.sampler = kit.policy.sampler
             if kit.tick is not None and kit.tick_interval:
                 interval = round(kit.tick_interval * NS_PER_S)
                 tick = kit.tick

@@ -4,7 +4,8 @@ Issue 6's targets (adaptive-lb against the stock and baseline policies), issue 1
 (locality and health without hand-tuning): a learned rack as good as a configured one, no
 host SLOW from distance alone, a paused node back fast, the shipped defaults winning, and no
 scenario worse than the figures it had before (its ``reference``); and issue 24's (thin
-traffic): a slow node avoided from a few requests a second, and no equal node avoided.
+traffic): a slow node avoided from a few requests a second, no equal node avoided, and a
+stalled node found by active probes (few user requests caught in the stall).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "LEARNED_P50_TOLERANCE",
     "REFERENCE_TOLERANCE",
     "RETURN_WITHIN_S",
+    "STALL_TIMEOUTS",
     "TargetCheck",
     "check_targets",
 ]
@@ -31,6 +33,9 @@ LEARNED_P50_TOLERANCE = 0.05
 """How much above the configured rack's p50 a learned rack's may be, once settled."""
 RETURN_WITHIN_S = 3.0
 """A paused node's traffic is back to half its fair share within this long of the pause."""
+STALL_TIMEOUTS = {"thin-stall": 3, "thin-stall-1rps": 2}
+"""User requests that may time out in a thin-traffic scenario's 40 s stall: a few, the
+ones sent before the stall is seen (then it is probed, not tried with user requests)."""
 _PERCENTILES = ("p50_ms", "p95_ms", "p99_ms")
 _Add = Callable[[str, bool, str], None]
 """Records one target: ``add(target, met, detail)``."""
@@ -170,6 +175,14 @@ def _issue_24(name: str, a: dict[str, Any], add: _Add) -> None:
         add("<= 5 % touch the +50 ms node after 10 s", a["faulted"] <= 0.05, _pct(a["faulted"]))
     elif name == "thin-slightly-slow":
         add("<= 10 % touch the +10 ms node after 30 s", a["faulted"] <= 0.10, _pct(a["faulted"]))
+    elif name in STALL_TIMEOUTS:
+        most = STALL_TIMEOUTS[name]
+        timed_out = round(a["timeouts"] * a["requests"])
+        add(
+            f"<= {most} user requests timed out in the 40 s stall",
+            timed_out <= most,
+            f"{timed_out} of {a['requests']} ({_pct(a['faulted'])} touched the node)",
+        )
     elif name == "thin-equal":
         attempts = a["attempts_by_host"]
         least = min(attempts.values()) / sum(attempts.values())

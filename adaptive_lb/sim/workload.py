@@ -7,7 +7,11 @@ Each :class:`Client` is one application instance in one zone with its own policy
    real driver ``SimpleStatement`` carrying the routing key and consistency level);
 2. sends an attempt to the plan's next host; the policy's feedback hooks (for adaptive-lb:
    the per-host ``HostStats`` lifecycle methods the driver-side tracking calls) see the
-   send and exactly one outcome per attempt: success, fast error, or timeout;
+   send and exactly one outcome per attempt: success, fast error, or timeout -- for
+   adaptive-lb only on the requests its :class:`~adaptive_lb.sampling.Sampler` picks
+   (``Client.sampler``), while its in-flight counts come from the client's simulated
+   pools (``Client.pools``: :mod:`adaptive_lb.sim.driver_side`), which see every attempt
+   until the node answers it;
 3. on a fast error (Overloaded, Unavailable, ReadFailure, connection reset) moves to the
    next host of the plan, like the driver's default retry policy (``RETRY_NEXT_HOST``);
 4. on the client-side timeout (``request_timeout``) gives up: the outstanding attempt is
@@ -30,6 +34,7 @@ from cassandra.query import SimpleStatement
 
 from adaptive_lb.sim.engine import NS_PER_S, Engine
 from adaptive_lb.sim.node import Node
+from adaptive_lb.sim.policies import NoFeedback
 from adaptive_lb.sim.scenario import KeysSpec, Scenario, WorkloadSpec
 from adaptive_lb.sim.servers import OK, SimulatedServers
 
@@ -61,6 +66,10 @@ class Feedback(Protocol):
     def timeout(self, host: Any, latency_ns: int) -> None: ...
 
 
+_UNTRACKED = NoFeedback()
+"""What an untracked request's attempts feed: nothing."""
+
+
 class Request:
     """One application request (one or more attempts)."""
 
@@ -70,6 +79,7 @@ class Request:
         "crossed",
         "current",
         "done",
+        "feedback",
         "key",
         "measured",
         "plan",
@@ -87,6 +97,8 @@ class Request:
         self.current: Attempt | None = None
         self.attempts = 0
         self.done = False
+        self.feedback: Feedback = client.feedback
+        """What learns from this request's attempts (nothing: an untracked request)."""
         self.crossed = False
         self.span: Any = None
         """The request's trace span, when it is sampled (see :mod:`adaptive_lb.sim.tracing`)."""
@@ -160,7 +172,9 @@ class Client:
         "max_attempts",
         "name",
         "policy",
+        "pools",
         "recorder",
+        "sampler",
         "servers",
         "statements",
         "tracer",
@@ -192,6 +206,12 @@ class Client:
         self.generator: LoadGenerator | None = None
         self.tracer: Any = None
         """A :class:`~adaptive_lb.sim.tracing.RequestTracer` when the run is traced."""
+        self.pools: Any = None
+        """The driver's in-flight counts per host (a
+        :class:`~adaptive_lb.sim.driver_side.PoolCounts`; None: the policy reads none)."""
+        self.sampler: Any = None
+        """Picks the requests whose attempts feed :attr:`feedback` (the policy's
+        :class:`~adaptive_lb.sampling.Sampler`; None: every request)."""
 
     def start(self, key: int, measured: bool) -> None:
         """Begin a request for partition ``key``."""
@@ -203,6 +223,8 @@ class Client:
             with self.tracer.planning(request, self):
                 statement = self.statements[key]
                 request.plan = iter(self.policy.make_query_plan(self.keyspace, statement))
+        if self.sampler is not None and not self.sampler.take():
+            request.feedback = _UNTRACKED
         engine.at(engine.now + self._timeout_ns, self._timeout, request)
         self._attempt(request)
 
@@ -213,7 +235,9 @@ class Client:
             return
         engine = self.engine
         node = self.servers.node_of(host)
-        self.feedback.sent(host)
+        if self.pools is not None:
+            self.pools.sent(host)
+        request.feedback.sent(host)
         attempt = Attempt(request, node, engine.now)
         request.current = attempt
         request.attempts += 1
@@ -227,16 +251,18 @@ class Client:
     def on_reply(self, token: tuple[Attempt, int]) -> None:
         """The coordinator's answer to ``attempt`` arrives."""
         attempt, outcome = token
+        if self.pools is not None:
+            self.pools.answered(attempt.node.host)  # also a late answer: the stream is freed
         request = attempt.request
         if request.done or request.current is not attempt:
             return  # timed out before: already released
         latency = self.engine.now - attempt.sent_ns
         host = attempt.node.host
         if outcome == OK:
-            self.feedback.success(host, latency)
+            request.feedback.success(host, latency)
             self._finish(request, SUCCEEDED)
             return
-        self.feedback.error(host, latency)
+        request.feedback.error(host, latency)
         request.current = None
         if self.max_attempts is not None and request.attempts >= self.max_attempts:
             self._finish(request, FAILED)
@@ -248,7 +274,7 @@ class Client:
             return
         attempt = request.current
         if attempt is not None:
-            self.feedback.timeout(attempt.node.host, self.engine.now - attempt.sent_ns)
+            request.feedback.timeout(attempt.node.host, self.engine.now - attempt.sent_ns)
         self._finish(request, TIMED_OUT)
 
     def _finish(self, request: Request, status: int) -> None:

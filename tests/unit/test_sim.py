@@ -9,19 +9,23 @@ from pathlib import Path
 import pytest
 
 from adaptive_lb.config import ConfigError
+from adaptive_lb.probes import ProbeOrder
+from adaptive_lb.sampling import Sampler
 from adaptive_lb.sim import runner
 from adaptive_lb.sim.cli import DEMO_SCENARIOS, main
+from adaptive_lb.sim.driver_side import PoolCounts, attach_driver_side
 from adaptive_lb.sim.engine import Engine
 from adaptive_lb.sim.metrics import Recorder
 from adaptive_lb.sim.node import Node
-from adaptive_lb.sim.policies import NoFeedback
+from adaptive_lb.sim.policies import NoFeedback, build_policy
 from adaptive_lb.sim.report import ScenarioReport, to_json
 from adaptive_lb.sim.runner import run_policy
 from adaptive_lb.sim.scenario import NodesSpec, load_scenario, parse_scenario, scenario_dir
-from adaptive_lb.sim.workload import Client
+from adaptive_lb.sim.workload import SUCCEEDED, TIMED_OUT, Client
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "adaptive_lb" / "data" / "scenarios"
 MS = 1_000_000
+S = 1_000_000_000
 
 
 class _ExpNode(Node):
@@ -357,3 +361,132 @@ def test_otlp_endpoint_sends_sampled_requests_with_decisions_in_mapped_time(
     assert not any(
         e.name == "adaptive_lb.decision" for s in by_policy["token-aware"] for e in s.events
     )
+
+
+# ------------------------------------------------------------------ production's rules
+
+
+def _one_client(scenario, sim, host, feedback=None) -> tuple[Client, Recorder]:
+    recorder = Recorder(len(sim.nodes))
+    client = Client(
+        "A-0",
+        "A",
+        _FixedPlan(host),
+        feedback or NoFeedback(),
+        sim.servers,
+        sim.statements,
+        recorder,
+        scenario.workload,
+    )
+    return client, recorder
+
+
+def test_pool_count_holds_a_timed_out_attempt_until_the_node_answers() -> None:
+    scenario = _exact_scenario()
+    sim = runner.setup(scenario, seed=5)
+    node = sim.nodes[0]
+    node.pauses = [(0, 10 * S)]  # stalled for 10 s; the client gives up after 2 s
+    client, recorder = _one_client(scenario, sim, node.host)
+    client.pools = PoolCounts()
+    client.start(1, measured=True)
+    sim.engine.run(until_ns=3 * S)
+    assert list(recorder.status) == [TIMED_OUT]
+    assert client.pools(node.host) == 1  # orphaned: still in flight on the driver's pool
+    client.start(2, measured=True)
+    sim.engine.run(until_ns=4 * S)
+    assert client.pools(node.host) == 2  # a stalled node's count keeps rising
+    sim.engine.run()
+    assert client.pools(node.host) == 0  # the node answered both, late
+    node.host.set_down()
+    client.pools.sent(node.host)
+    assert client.pools(node.host) == 0  # no pool for a host marked down
+
+
+class _Recording:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def sent(self, host: object) -> None:
+        self.events.append("sent")
+
+    def success(self, host: object, latency_ns: int) -> None:
+        self.events.append("success")
+
+    def error(self, host: object, latency_ns: int) -> None:
+        self.events.append("error")
+
+    def timeout(self, host: object, latency_ns: int) -> None:
+        self.events.append("timeout")
+
+
+def test_only_the_requests_the_sampler_picks_feed_the_policy_every_attempt() -> None:
+    scenario = _exact_scenario()
+    sim = runner.setup(scenario, seed=5)
+    down, up = sim.nodes[0], sim.nodes[1]
+    down.down = True  # every request's first attempt fails fast, its second succeeds
+
+    class _TwoHosts:
+        def make_query_plan(self, keyspace: object = None, query: object = None):
+            return iter([down.host, up.host])
+
+    feedback = _Recording()
+    client, recorder = _one_client(scenario, sim, None, feedback)
+    client.policy = _TwoHosts()
+    client.pools = PoolCounts()
+    # The real Sampler on the virtual clock: 1 tracked request per host per second, 1 host.
+    client.sampler = Sampler(1.0, lambda: 1, sim.clock.now_ns)
+    for i in range(40):  # 10 requests a second for 4 s
+        sim.engine.at(i * S // 10, lambda k: client.start(k, measured=True), i)
+    sim.engine.run()
+    assert list(recorder.status) == [SUCCEEDED] * 40
+    tracked = feedback.events.count("success")
+    # Every request until the rate is measured (1 s), then 1 in 10 (k = 10 / 1).
+    assert 11 <= tracked <= 16, tracked
+    assert feedback.events == ["sent", "error", "sent", "success"] * tracked
+    assert client.pools(up.host) == 0 and client.pools(down.host) == 0
+
+
+def test_simulated_probe_outcomes_are_recorded_as_the_prober_does() -> None:
+    scenario = _exact_scenario()
+    sim = runner.setup(scenario, seed=5)
+    config = scenario.adaptive_lb
+    kit = build_policy(
+        "adaptive", datacenter="dc1", zone="A", config=config, clock=sim.clock, rng=random.Random()
+    )
+    kit.policy.populate(sim.topology.cluster, list(sim.topology.hosts))
+    node = next(n for n in sim.nodes if n.zone == "B")
+    pools, prober = attach_driver_side(kit.policy, "A", sim.servers, random.Random(1))
+    stats = kit.policy.stats.get(node.host)
+
+    def probe() -> None:
+        prober.send(ProbeOrder(node.host, stats, "test", sim.engine.now))
+        prober.send(ProbeOrder(node.host, stats, "test", sim.engine.now))  # one at a time
+
+    probe()
+    sim.engine.run()
+    record = stats.probes
+    matrix = scenario.network.matrix()
+    assert (record.sent, record.answered, record.outstanding) == (1, 1, False)
+    assert record.last_latency_s == pytest.approx((matrix["A"]["B"] + matrix["B"]["A"]) / 1e6)
+    node.pauses = [(sim.engine.now, sim.engine.now + 3 * S)]
+    probe()
+    sim.engine.run(until_ns=sim.engine.now + 1 * S)
+    timeout = config.health.probe_timeout
+    assert (record.timed_out, record.last_outcome, pools(node.host)) == (1, "timeout", 1)
+    assert record.last_failure_ns == pytest.approx(record.last_sent_ns + timeout * S)
+    sim.engine.run()
+    # The late answer frees the stream, and is no answer to the probe that timed out.
+    assert (record.answered, pools(node.host)) == (1, 0)
+    node.down = True
+    probe()
+    sim.engine.run()
+    assert (record.failed, record.sent) == (1, 3)
+    assert kit.policy.health.probing
+
+
+def test_thin_stall_is_found_by_probes_with_few_user_requests_caught() -> None:
+    scenario = load_scenario(SCENARIOS / "thin-stall.yaml")
+    summary = run_policy(scenario, "adaptive").summary
+    assert round(summary["timeouts"] * summary["requests"]) <= 3
+    back = summary["pause_return_s"]["A/1"]
+    assert back and all(t is not None and t <= 3.0 for t in back), back

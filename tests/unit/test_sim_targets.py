@@ -156,3 +156,13 @@ def test_every_earlier_stock_scenario_has_a_reference_and_runs_the_defaults():
         scenario = load_scenario(scenario_dir() / f"{name}.yaml")
         assert scenario.reference is not None
         assert scenario.adaptive_lb == Config()  # the shipped defaults, nothing tuned
+
+
+def test_thin_stall_targets_count_the_user_requests_timed_out():
+    name = "<= 3 user requests timed out in the 40 s stall"
+    few = targets("thin-stall", [result("adaptive", requests=800, timeouts=0.0025, faulted=0.004)])
+    assert few[name] == (True, "2 of 800 (0.40% touched the node)")
+    many = targets("thin-stall", [result("adaptive", requests=800, timeouts=0.005, faulted=0.01)])
+    assert many[name][0] is False
+    slow = targets("thin-stall-1rps", [result("adaptive", requests=80, timeouts=0.0375)])
+    assert slow["<= 2 user requests timed out in the 40 s stall"][0] is False
