@@ -106,9 +106,9 @@ class HostStats:
 
     def __init__(self, config: TrackingConfig, clock: Clock) -> None:
         self.counted_in_flight = 0
-        """Tracked attempts sent and not yet released: every attempt in the simulator and
-        while this host's requests are all tracked; a sample of them otherwise, which is
-        why the driver's count is used when there is one (:attr:`in_flight`)."""
+        """Attempts of tracked requests sent and not yet released: every attempt while
+        traffic is thin, a sample of them otherwise, which is why the driver's count (or
+        the simulator's model of it) is used when there is one (:attr:`in_flight`)."""
         self.pool_in_flight: Callable[[], int] | None = None
         """Reads the driver's in-flight count of this host's pool
         (:meth:`read_in_flight_from`); None: :attr:`in_flight` is the counted one."""
