@@ -478,8 +478,8 @@ def span_tree(spans) -> str:
             offset = (event.timestamp - span.start_time) / 1e6
             lines.append(f"{pad}  @{offset:.1f} ms event {event.name}")
             for key, value in event.attributes.items():
-                if key.startswith("adaptive_lb.candidates."):
-                    continue  # arrays per candidate: long, see the decision section
+                if key == "adaptive_lb.candidates":
+                    continue  # one entry per candidate: long, see the decision section
                 lines.append(f"{pad}    {key} = {value!r}")
         for child in by_parent.get(span.context.span_id, []):
             show(child, depth + 1)
