@@ -17,11 +17,9 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from attrs import define
 from opentelemetry import trace
 
 from adaptive_lb.config import Config, PrivacyConfig, TracingConfig
-from adaptive_lb.health_state import HealthState
 from adaptive_lb.scoring import penalty_of
 
 if TYPE_CHECKING:
@@ -32,7 +30,6 @@ __all__ = [
     "CANDIDATES_ATTRIBUTE",
     "EVENT_NAME",
     "SPAN_NAME",
-    "Candidate",
     "Decision",
     "DecisionRecorder",
     "DecisionTracer",
@@ -43,9 +40,14 @@ __all__ = [
 EVENT_NAME = "adaptive_lb.decision"
 SPAN_NAME = "adaptive_lb.query_plan"
 CANDIDATES_ATTRIBUTE = "adaptive_lb.candidates"
-"""Every candidate in the order tried, as one string (see :meth:`Candidate.describe`)."""
+"""Every candidate in the order tried, as one string: entries ``address:port in_flight=N
+health=STATE penalty=P score=S replica=True|False`` (numbers to 6 significant digits; the
+score is ``(in_flight + 1) x penalty``) separated by ``"; "``. One string, not an array per
+field: the SDK checks every element of an array attribute (~60 us per decision)."""
 
-_STATE_NAMES = {state: state.value for state in HealthState}  # Enum.value is a slow property
+_CANDIDATE = "%s:%s in_flight=%d health=%s penalty=%.6g score=%.6g replica=%s"
+_CANDIDATE_NO_PORT = "%s in_flight=%d health=%s penalty=%.6g score=%.6g replica=%s"
+
 
 try:  # The context variable behind opentelemetry.context.get_current() (private, faster).
     from opentelemetry.context import _RUNTIME_CONTEXT
@@ -69,40 +71,16 @@ def current_recording_span() -> Any | None:
     return None
 
 
-class Candidate(NamedTuple):
-    """One scored candidate of a decision (a named tuple: a decision makes up to
-    ``sample_size`` of them, and an attrs instance costs several times more to build)."""
-
-    address: str
-    port: int | None
-    in_flight: int
-    health_state: str
-    penalty: float
-    """Health penalty x rack penalty x replica penalty: the multiplier of (in_flight + 1)."""
-    score: float
-    is_replica: bool
-
-    def describe(self) -> str:
-        """``address:port in_flight=N health=STATE penalty=P score=S replica=True|False``
-        (numbers to 6 significant digits): one entry of :data:`CANDIDATES_ATTRIBUTE`."""
-        if self.port is None:
-            return _DESCRIPTION_NO_PORT % (self[:1] + self[2:])
-        return _DESCRIPTION % self  # one format operation: ~1 us, an f-string ~2.5
-
-
-_DESCRIPTION = "%s:%s in_flight=%d health=%s penalty=%.6g score=%.6g replica=%s"
-_DESCRIPTION_NO_PORT = "%s in_flight=%d health=%s penalty=%.6g score=%.6g replica=%s"
-
-
-@define(frozen=True, slots=True)
-class Decision:
-    """Why a plan starts the way it does."""
+class Decision(NamedTuple):
+    """Why a plan starts the way it does (a named tuple: one is made per recorded plan, and
+    a frozen attrs instance costs several times more to build)."""
 
     keyspace: str | None
     lwt: bool
     replica_count: int
-    candidates: tuple[Candidate, ...]
-    """In the order they were yielded."""
+    candidates: str
+    """Every candidate in the order they were yielded, as :data:`CANDIDATES_ATTRIBUTE`
+    records them."""
     chosen_address: str | None
     chosen_port: int | None
     position: str
@@ -154,16 +132,19 @@ def build_decision(
         in_flight = stats.in_flight
         # Without a replica set, every candidate is scored as a replica would be.
         penalty = penalty_of(view, is_replica or not replicas, non_replica_penalty)
+        # scoring.score_of, from the values recorded; one % operation per candidate.
+        values = (
+            in_flight,
+            stats.health_state._value_,  # .value is a property, ~10x slower
+            penalty,
+            (in_flight + 1) * penalty,
+            is_replica,
+        )
+        port = getattr(host.endpoint, "port", None)
         candidates.append(
-            Candidate(
-                str(host.address),
-                getattr(host.endpoint, "port", None),
-                in_flight,
-                _STATE_NAMES[stats.health_state],
-                penalty,
-                (in_flight + 1) * penalty,  # scoring.score_of, from the values recorded
-                is_replica,
-            )
+            _CANDIDATE % (host.address, port, *values)
+            if port is not None
+            else _CANDIDATE_NO_PORT % (host.address, *values)
         )
         transition = pop_transition(host)
         if transition is not None:
@@ -186,7 +167,7 @@ def build_decision(
         keyspace=keyspace,
         lwt=record.lwt,
         replica_count=len(replicas),
-        candidates=tuple(candidates),
+        candidates="; ".join(candidates),
         chosen_address=str(chosen.address) if chosen is not None else None,
         chosen_port=getattr(chosen.endpoint, "port", None) if chosen is not None else None,
         position="fallback" if record.fallback else record.position,
@@ -220,15 +201,19 @@ class DecisionTracer:
         """The attributes of a decision (semantic-convention names where they exist)."""
         attributes: dict[str, Any] = {
             "db.system.name": "cassandra",
-            "adaptive_lb.lwt": decision.lwt,
             "adaptive_lb.replica_count": decision.replica_count,
             "adaptive_lb.position": decision.position,
-            "adaptive_lb.enabled": decision.enabled,
-            "adaptive_lb.fallback": decision.fallback,
             "adaptive_lb.config_hash": decision.config_hash,
             "adaptive_lb.plan_length": decision.plan_length,
             "adaptive_lb.local_rack.source": decision.local_rack_source,
         }
+        # Flags only when raised: each attribute costs the SDK ~0.7 us to check.
+        if decision.lwt:
+            attributes["adaptive_lb.lwt"] = True
+        if decision.fallback:
+            attributes["adaptive_lb.fallback"] = True
+        if not decision.enabled:
+            attributes["adaptive_lb.enabled"] = False
         if decision.local_rack is not None:
             attributes["adaptive_lb.local_rack"] = decision.local_rack
         if decision.keyspace is not None:
@@ -240,11 +225,7 @@ class DecisionTracer:
             if decision.chosen_port is not None:
                 attributes["server.port"] = decision.chosen_port
         if self.config.attributes and decision.candidates:
-            # One string, not six parallel arrays: the SDK validates every element of an
-            # array attribute (~60 us per decision for 8 candidates).
-            attributes[CANDIDATES_ATTRIBUTE] = "; ".join(
-                [candidate.describe() for candidate in decision.candidates]
-            )
+            attributes[CANDIDATES_ATTRIBUTE] = decision.candidates
         if self.privacy.routing_keys and decision.routing_key is not None:
             attributes["adaptive_lb.routing_key"] = decision.routing_key.hex()
         return attributes

@@ -14,7 +14,9 @@ timed in interleaved rounds:
   decision over (request spans on), which is then recorded on a recording span.
 
 Each cost is the median over rounds of (variant - plan) per decision, with its
-interquartile range, and the ratio of the medians; the cyclic GC is off while timing. Run
+interquartile range, and the ratio of the medians; times are the timing thread's CPU time
+(``time.thread_time``: on a shared machine, time spent preempted is not counted) and the
+cyclic GC is off while timing. Run
 it against another checkout (``PYTHONPATH=OLD python benchmarks/decision_record.py``) to
 compare releases. Needs the OpenTelemetry SDK (the ``otlp`` extra).
 """
@@ -67,10 +69,10 @@ def _round(run: Callable[[], None], count: int) -> float:
     gc.collect()
     gc.disable()
     try:
-        start = time.perf_counter()
+        start = time.thread_time()
         for _ in range(count):
             run()
-        return (time.perf_counter() - start) / count
+        return (time.thread_time() - start) / count
     finally:
         gc.enable()
 

@@ -13,11 +13,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import PrivacyConfig, TracingConfig
+from adaptive_lb.planner import PlanRecord
 from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
 from adaptive_lb.tracing import (
     CANDIDATES_ATTRIBUTE,
     EVENT_NAME,
     SPAN_NAME,
+    DecisionTracer,
+    build_decision,
     current_recording_span,
 )
 
@@ -294,3 +297,27 @@ def test_decision_positions_match_the_counters():
     assert {"replica", "local", "child"} <= set(recorded)
     counted = {p: n for p, n in policy.decisions_by_position.items() if n}
     assert counted == {p: recorded.count(p) for p in set(recorded)}
+
+
+def test_flags_are_recorded_when_raised():
+    tracer = DecisionTracer(TracingConfig(), PrivacyConfig())
+
+    def attributes(record: PlanRecord) -> dict:
+        decision, _ = build_decision(
+            record,
+            [],
+            "ks",
+            None,
+            non_replica_penalty=12.0,
+            config_hash="h",
+            routing_keys=False,
+            pop_transition=lambda host: None,
+        )
+        return tracer.attributes(decision)
+
+    plain = attributes(PlanRecord(position="replica"))
+    assert not {"adaptive_lb.lwt", "adaptive_lb.fallback", "adaptive_lb.enabled"} & set(plain)
+    raised = attributes(PlanRecord(lwt=True, fallback=True, enabled=False))
+    assert raised["adaptive_lb.lwt"] is True
+    assert raised["adaptive_lb.fallback"] is True and raised["adaptive_lb.position"] == "fallback"
+    assert raised["adaptive_lb.enabled"] is False
