@@ -320,12 +320,13 @@ class DecisionRecorder:
         """Record a plan's decision (None: only the plan's start, ``tracing.ratio`` left
         the decision out): handed over for ``query``'s request span when request spans are
         on, else on ``span`` (the current recording span). ``started_ns``: when the plan
-        began (``time.time_ns()``)."""
+        began (``time.time_ns()``), where the request span starts."""
         handoff = self._handoff
         if handoff is not None and query is not None:
             handoff.pending = (query, decision, events, started_ns)
         elif span is not None and decision is not None and self.tracer is not None:
-            self.tracer.record(span, decision, events, started_ns)
+            # Recorded as the plan is made: the span's clock (a wrapper's may be virtual).
+            self.tracer.record(span, decision, events)
 
     def take(self, query: Any) -> Pending | None:
         """The plan just made on this thread for ``query`` (handed over once), or None."""
