@@ -123,7 +123,9 @@ def build_decision(
     ``routing_keys``: ``privacy.routing_keys`` allows recording the statement's key."""
     replicas = record.replicas
     replica_ids = {id(view.host) for view in replicas}
-    candidates = []
+    # Every entry formatted by one % operation at the end: ~0.7 us per candidate.
+    formats = []
+    values: list[Any] = []
     events = []
     for view in record.candidates:
         host = view.host
@@ -132,19 +134,19 @@ def build_decision(
         in_flight = stats.in_flight
         # Without a replica set, every candidate is scored as a replica would be.
         penalty = penalty_of(view, is_replica or not replicas, non_replica_penalty)
-        # scoring.score_of, from the values recorded; one % operation per candidate.
-        values = (
+        port = getattr(host.endpoint, "port", None)
+        if port is None:
+            formats.append(_CANDIDATE_NO_PORT)
+            values.append(host.address)
+        else:
+            formats.append(_CANDIDATE)
+            values += (host.address, port)
+        values += (
             in_flight,
             stats.health_state._value_,  # .value is a property, ~10x slower
             penalty,
-            (in_flight + 1) * penalty,
+            (in_flight + 1) * penalty,  # scoring.score_of, from the values recorded
             is_replica,
-        )
-        port = getattr(host.endpoint, "port", None)
-        candidates.append(
-            _CANDIDATE % (host.address, port, *values)
-            if port is not None
-            else _CANDIDATE_NO_PORT % (host.address, *values)
         )
         transition = pop_transition(host)
         if transition is not None:
@@ -162,12 +164,13 @@ def build_decision(
             )
     chosen = hosts[0] if hosts else None
     keyspace = record.keyspace if record.keyspace is not None else working_keyspace
-    routing_key = getattr(query, "routing_key", None) if query is not None else None
+    # A bound statement computes its key: only when it may be recorded.
+    routing_key = getattr(query, "routing_key", None) if routing_keys else None
     decision = Decision(
         keyspace=keyspace,
         lwt=record.lwt,
         replica_count=len(replicas),
-        candidates="; ".join(candidates),
+        candidates="; ".join(formats) % tuple(values),
         chosen_address=str(chosen.address) if chosen is not None else None,
         chosen_port=getattr(chosen.endpoint, "port", None) if chosen is not None else None,
         position="fallback" if record.fallback else record.position,
@@ -175,7 +178,7 @@ def build_decision(
         fallback=record.fallback,
         config_hash=config_hash,
         plan_length=len(hosts),
-        routing_key=routing_key if routing_keys else None,
+        routing_key=routing_key,
         local_rack=record.local_rack,
         local_rack_source=record.local_rack_source,
         enabled=record.enabled,
