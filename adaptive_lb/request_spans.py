@@ -12,9 +12,8 @@ timeout). :class:`RequestTelemetry` turns that into:
   of the coordinator that answered, ``cassandra.consistency.level``,
   ``cassandra.coordinator.id`` / ``.dc``, ``cassandra.speculative_execution.count``,
   ``cassandra.query.idempotent``, ``cassandra.page.size``, ``db.response.status_code``,
-  ``error.type``), one
-  ``adaptive_lb.attempt`` event per attempt (host, kind, outcome, latency) and the
-  ``adaptive_lb.decision`` event of the plan;
+  ``error.type``), one ``adaptive_lb.attempt`` event per attempt (host, kind, outcome,
+  latency) and the ``adaptive_lb.decision`` event of the plan;
 * one ``db.client.operation.duration`` measurement (seconds) per request, when
   OpenTelemetry metrics are on.
 
@@ -329,7 +328,7 @@ class RequestTelemetry:
             attributes["db.operation.name"] = operation
         span = plan = None
         if self.spans and (parent is not None or self._root_spans):
-            plan = policy.decisions.take(query)  # the span starts where it started
+            plan = policy.decisions.take(query)  # made just before: the span starts there
             span = self._start_span(future, parent, dict(attributes), plan[3] if plan else None)
         attempts = _ObservedAttempts()
         attempts.policy = policy
