@@ -40,6 +40,7 @@ import os
 import threading
 from collections.abc import Iterator
 from random import random
+from time import time_ns
 from typing import Any
 
 from attrs import evolve
@@ -533,33 +534,33 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         decisions = self.decisions
         if decisions.tracer is not None:
             span = current_recording_span()
-            if (span is not None or decisions.without_parent) and (
-                decisions.ratio >= 1.0 or random() < decisions.ratio
-            ):
-                return self._traced_plan(span, working_keyspace, query)
+            if span is not None or decisions.without_parent:
+                # The request's span starts here: the plan is the driver's first step.
+                started_ns = time_ns()
+                if decisions.ratio >= 1.0 or random() < decisions.ratio:
+                    return self._traced_plan(span, working_keyspace, query, started_ns)
+                decisions.deliver(span, query, None, [], started_ns)
         return self._planner.make_plan(working_keyspace, query)
 
     def _traced_plan(
-        self, span: Any | None, working_keyspace: str | None, query: Any
+        self, span: Any | None, working_keyspace: str | None, query: Any, started_ns: int
     ) -> Iterator[Any]:
         record = PlanRecord()
         hosts = list(self._planner.make_plan(working_keyspace, query, record))
         if self.decisions.tracer is None:  # a reload disabled tracing meanwhile
             return iter(hosts)
         try:
-            cache = self.replica_cache
             decision, events = build_decision(
                 record,
                 hosts,
                 working_keyspace,
                 query,
                 non_replica_penalty=self._planner.settings.non_replica_penalty,
-                cache_hit_ratio=cache.hit_ratio if cache is not None else 0.0,
                 config_hash=self._config_hash,
                 routing_keys=self._config.privacy.routing_keys,
                 pop_transition=self.health.pop_unreported,
             )
-            self.decisions.deliver(span, query, decision, events)
+            self.decisions.deliver(span, query, decision, events, started_ns)
         except Exception:
             self.errors.record("tracing", "the decision is not recorded on the span")
         return iter(hosts)

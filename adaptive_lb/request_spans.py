@@ -6,14 +6,14 @@ the first try, retries, speculative executions, and the end (result, error or cl
 timeout). :class:`RequestTelemetry` turns that into:
 
 * a span ``{db.operation.name} {db.collection.name or db.namespace}`` (e.g. ``SELECT
-  users``) of kind CLIENT from just before the driver first sends the request to its final
-  answer, with the conventions' attributes (``db.system.name``, ``db.namespace``,
-  ``server.address`` / ``server.port`` of the coordinator that answered,
-  ``cassandra.consistency.level``, ``cassandra.coordinator.id`` / ``.dc``,
-  ``cassandra.speculative_execution.count``, ``cassandra.query.idempotent``,
-  ``cassandra.page.size``, ``db.response.status_code``, ``error.type``), one
-  ``adaptive_lb.attempt`` event per attempt (host, kind, outcome, latency) and the
-  ``adaptive_lb.decision`` event of the plan;
+  users``) of kind CLIENT from the query plan (the driver's first step for a request: the
+  plan's start comes with its decision) to the final answer, with the conventions'
+  attributes (``db.system.name``, ``db.namespace``, ``server.address`` / ``server.port``
+  of the coordinator that answered, ``cassandra.consistency.level``,
+  ``cassandra.coordinator.id`` / ``.dc``, ``cassandra.speculative_execution.count``,
+  ``cassandra.query.idempotent``, ``cassandra.page.size``, ``db.response.status_code``,
+  ``error.type``), one ``adaptive_lb.attempt`` event per attempt (host, kind, outcome,
+  latency) and the ``adaptive_lb.decision`` event of the plan;
 * one ``db.client.operation.duration`` measurement (seconds) per request, when
   OpenTelemetry metrics are on.
 
@@ -326,17 +326,16 @@ class RequestTelemetry:
         operation = operation_name(query)
         if operation is not None:
             attributes["db.operation.name"] = operation
-        span = None
+        span = plan = None
         if self.spans and (parent is not None or self._root_spans):
-            span = self._start_span(future, parent, dict(attributes), operation, keyspace)
+            plan = policy.decisions.take(query)  # made just before: the span starts there
+            span = self._start_span(future, parent, dict(attributes), plan[3] if plan else None)
         attempts = _ObservedAttempts()
         attempts.policy = policy
         attempts.telemetry = self
         attempts.request = _Request(span, policy.now_ns(), attributes)
-        if span is not None:
-            decision = policy.decisions.take(query)
-            if decision is not None:
-                policy.decisions.record_taken(span, decision)
+        if span is not None and plan is not None:
+            policy.decisions.record_taken(span, plan)
         return attempts
 
     def _start_span(
@@ -344,10 +343,10 @@ class RequestTelemetry:
         future: Any,
         parent: Any | None,
         attributes: dict[str, Any],
-        operation: str | None,
-        keyspace: str | None,
+        start_time: int | None,
     ) -> Any | None:
         query = future.query
+        operation = attributes.get("db.operation.name")
         table = _table_of(query)
         if table is not None:
             attributes["db.collection.name"] = table
@@ -374,15 +373,15 @@ class RequestTelemetry:
                     value.hex() if isinstance(value, (bytes, bytearray)) else repr(value)
                 )
         name = operation or "cassandra"
-        target = table or keyspace
+        target = table or attributes.get("db.namespace")
         if operation is not None and target:
             name = f"{operation} {target}"
         if parent is not None:
             _adopt_instrumentation_span(parent)
-        span = self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes)
-        if not span.is_recording():
-            return None
-        return span
+        span = self._tracer.start_span(
+            name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_time
+        )
+        return span if span.is_recording() else None
 
     def finish(self, request: _Request, policy: Any, exception: BaseException | None) -> None:
         """End ``request``'s span and record its duration (called once, at its end)."""

@@ -15,22 +15,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from attrs import define
 from opentelemetry import trace
 
 from adaptive_lb.config import Config, PrivacyConfig, TracingConfig
-from adaptive_lb.scoring import penalty_of, score_of
+from adaptive_lb.scoring import penalty_of
 
 if TYPE_CHECKING:
     from adaptive_lb.health import HealthTransition
     from adaptive_lb.planner import PlanRecord
 
 __all__ = [
+    "CANDIDATES_ATTRIBUTE",
     "EVENT_NAME",
     "SPAN_NAME",
-    "Candidate",
     "Decision",
     "DecisionRecorder",
     "DecisionTracer",
@@ -40,6 +39,15 @@ __all__ = [
 
 EVENT_NAME = "adaptive_lb.decision"
 SPAN_NAME = "adaptive_lb.query_plan"
+CANDIDATES_ATTRIBUTE = "adaptive_lb.candidates"
+"""Every candidate in the order tried, as one string: entries ``address:port in_flight=N
+health=STATE penalty=P score=S replica=True|False`` (numbers to 6 significant digits; the
+score is ``(in_flight + 1) x penalty``) separated by ``"; "``. One string, not an array per
+field: the SDK checks every element of an array attribute (~60 us per decision)."""
+
+_CANDIDATE = "%s:%s in_flight=%d health=%s penalty=%.6g score=%.6g replica=%s"
+_CANDIDATE_NO_PORT = "%s in_flight=%d health=%s penalty=%.6g score=%.6g replica=%s"
+
 
 try:  # The context variable behind opentelemetry.context.get_current() (private, faster).
     from opentelemetry.context import _RUNTIME_CONTEXT
@@ -63,29 +71,16 @@ def current_recording_span() -> Any | None:
     return None
 
 
-@define(frozen=True, slots=True)
-class Candidate:
-    """One scored candidate of a decision."""
-
-    address: str
-    port: int | None
-    in_flight: int
-    health_state: str
-    penalty: float
-    """Health penalty x rack penalty x replica penalty: the multiplier of (in_flight + 1)."""
-    score: float
-    is_replica: bool
-
-
-@define(frozen=True, slots=True)
-class Decision:
-    """Why a plan starts the way it does."""
+class Decision(NamedTuple):
+    """Why a plan starts the way it does (a named tuple: one is made per recorded plan, and
+    a frozen attrs instance costs several times more to build)."""
 
     keyspace: str | None
     lwt: bool
     replica_count: int
-    candidates: tuple[Candidate, ...]
-    """In the order they were yielded."""
+    candidates: str
+    """Every candidate in the order they were yielded, as :data:`CANDIDATES_ATTRIBUTE`
+    records them."""
     chosen_address: str | None
     chosen_port: int | None
     position: str
@@ -96,7 +91,6 @@ class Decision:
     error: the child's plan unchanged)."""
     cache_hit: bool | None
     """None: no replica lookup (no routing key) or a tablet lookup (never cached)."""
-    cache_hit_ratio: float
     fallback: bool
     config_hash: str
     plan_length: int
@@ -118,7 +112,6 @@ def build_decision(
     query: Any,
     *,
     non_replica_penalty: float,
-    cache_hit_ratio: float,
     config_hash: str,
     routing_keys: bool,
     pop_transition: Callable[[Any], HealthTransition | None],
@@ -130,25 +123,32 @@ def build_decision(
     ``routing_keys``: ``privacy.routing_keys`` allows recording the statement's key."""
     replicas = record.replicas
     replica_ids = {id(view.host) for view in replicas}
-    candidates = []
+    # Every entry formatted by one % operation at the end: ~0.7 us per candidate.
+    formats = []
+    values: list[Any] = []
     events = []
     for view in record.candidates:
-        is_replica = id(view.host) in replica_ids
+        host = view.host
+        is_replica = id(host) in replica_ids
         stats = view.stats
+        in_flight = stats.in_flight
         # Without a replica set, every candidate is scored as a replica would be.
-        scored_as_replica = is_replica or not replicas
-        candidates.append(
-            Candidate(
-                address=str(view.host.address),
-                port=getattr(view.host.endpoint, "port", None),
-                in_flight=stats.in_flight,
-                health_state=stats.health_state.value,
-                penalty=penalty_of(view, scored_as_replica, non_replica_penalty),
-                score=score_of(view, scored_as_replica, non_replica_penalty),
-                is_replica=is_replica,
-            )
+        penalty = penalty_of(view, is_replica or not replicas, non_replica_penalty)
+        port = getattr(host.endpoint, "port", None)
+        if port is None:
+            formats.append(_CANDIDATE_NO_PORT)
+            values.append(host.address)
+        else:
+            formats.append(_CANDIDATE)
+            values += (host.address, port)
+        values += (
+            in_flight,
+            stats.health_state._value_,  # .value is a property, ~10x slower
+            penalty,
+            (in_flight + 1) * penalty,  # scoring.score_of, from the values recorded
+            is_replica,
         )
-        transition = pop_transition(view.host)
+        transition = pop_transition(host)
         if transition is not None:
             events.append(
                 (
@@ -164,21 +164,21 @@ def build_decision(
             )
     chosen = hosts[0] if hosts else None
     keyspace = record.keyspace if record.keyspace is not None else working_keyspace
-    routing_key = getattr(query, "routing_key", None) if query is not None else None
+    # A bound statement computes its key: only when it may be recorded.
+    routing_key = getattr(query, "routing_key", None) if routing_keys else None
     decision = Decision(
         keyspace=keyspace,
         lwt=record.lwt,
         replica_count=len(replicas),
-        candidates=tuple(candidates),
+        candidates="; ".join(formats) % tuple(values),
         chosen_address=str(chosen.address) if chosen is not None else None,
         chosen_port=getattr(chosen.endpoint, "port", None) if chosen is not None else None,
         position="fallback" if record.fallback else record.position,
         cache_hit=record.cache_hit,
-        cache_hit_ratio=cache_hit_ratio,
         fallback=record.fallback,
         config_hash=config_hash,
         plan_length=len(hosts),
-        routing_key=routing_key if routing_keys else None,
+        routing_key=routing_key,
         local_rack=record.local_rack,
         local_rack_source=record.local_rack_source,
         enabled=record.enabled,
@@ -204,16 +204,19 @@ class DecisionTracer:
         """The attributes of a decision (semantic-convention names where they exist)."""
         attributes: dict[str, Any] = {
             "db.system.name": "cassandra",
-            "adaptive_lb.lwt": decision.lwt,
             "adaptive_lb.replica_count": decision.replica_count,
             "adaptive_lb.position": decision.position,
-            "adaptive_lb.enabled": decision.enabled,
-            "adaptive_lb.fallback": decision.fallback,
             "adaptive_lb.config_hash": decision.config_hash,
             "adaptive_lb.plan_length": decision.plan_length,
             "adaptive_lb.local_rack.source": decision.local_rack_source,
-            "adaptive_lb.replica_cache.hit_ratio": round(decision.cache_hit_ratio, 4),
         }
+        # Flags only when raised: each attribute costs the SDK ~0.7 us to check.
+        if decision.lwt:
+            attributes["adaptive_lb.lwt"] = True
+        if decision.fallback:
+            attributes["adaptive_lb.fallback"] = True
+        if not decision.enabled:
+            attributes["adaptive_lb.enabled"] = False
         if decision.local_rack is not None:
             attributes["adaptive_lb.local_rack"] = decision.local_rack
         if decision.keyspace is not None:
@@ -225,13 +228,7 @@ class DecisionTracer:
             if decision.chosen_port is not None:
                 attributes["server.port"] = decision.chosen_port
         if self.config.attributes and decision.candidates:
-            candidates = decision.candidates
-            attributes["adaptive_lb.candidates.address"] = [c.address for c in candidates]
-            attributes["adaptive_lb.candidates.in_flight"] = [c.in_flight for c in candidates]
-            attributes["adaptive_lb.candidates.health"] = [c.health_state for c in candidates]
-            attributes["adaptive_lb.candidates.penalty"] = [c.penalty for c in candidates]
-            attributes["adaptive_lb.candidates.score"] = [round(c.score, 3) for c in candidates]
-            attributes["adaptive_lb.candidates.replica"] = [c.is_replica for c in candidates]
+            attributes[CANDIDATES_ATTRIBUTE] = decision.candidates
         if self.privacy.routing_keys and decision.routing_key is not None:
             attributes["adaptive_lb.routing_key"] = decision.routing_key.hex()
         return attributes
@@ -241,26 +238,31 @@ class DecisionTracer:
         span: Any,
         decision: Decision,
         events: Sequence[tuple[str, Mapping[str, Any]]] = (),
+        made_ns: int | None = None,
     ) -> None:
         """Record ``decision`` on ``span`` (event mode) or as a child span of it (span mode);
-        ``events`` (e.g. health transitions of candidate hosts) are added alongside."""
+        ``events`` (e.g. health transitions of candidate hosts) are added alongside.
+        ``made_ns``: when the plan began (``time.time_ns()``), the time of the events and
+        the start of the child span (default: now)."""
         attributes = self.attributes(decision)
         if self.config.mode == "span":
             context = trace.set_span_in_context(span)
             with self._tracer.start_as_current_span(
-                SPAN_NAME, context=context, attributes=attributes
+                SPAN_NAME, context=context, attributes=attributes, start_time=made_ns
             ) as child:
                 for name, event_attributes in events:
-                    child.add_event(name, event_attributes)
+                    child.add_event(name, event_attributes, made_ns)
         else:
-            span.add_event(EVENT_NAME, attributes)
+            span.add_event(EVENT_NAME, attributes, made_ns)
             for name, event_attributes in events:
-                span.add_event(name, event_attributes)
+                span.add_event(name, event_attributes, made_ns)
         self.recorded += 1
 
 
-Pending = tuple[Any, Decision, list[tuple[str, dict[str, Any]]]]
-"""A decision waiting for its request span: ``(statement, decision, events)``."""
+Pending = tuple[Any, Decision | None, list[tuple[str, dict[str, Any]]], int]
+"""A plan waiting for its request span: ``(statement, decision, events, started_ns)``, the
+decision None when ``tracing.ratio`` left it out; ``started_ns`` is when the plan began
+(``time.time_ns()``), where the request span starts."""
 
 
 class DecisionRecorder:
@@ -314,20 +316,23 @@ class DecisionRecorder:
         self,
         span: Any | None,
         query: Any,
-        decision: Decision,
+        decision: Decision | None,
         events: list[tuple[str, dict[str, Any]]],
+        started_ns: int,
     ) -> None:
-        """Record a plan's decision: handed over for ``query``'s request span when request
-        spans are on, else on ``span`` (the current recording span)."""
+        """Record a plan's decision (None: only the plan's start, ``tracing.ratio`` left
+        the decision out): handed over for ``query``'s request span when request spans are
+        on, else on ``span`` (the current recording span). ``started_ns``: when the plan
+        began (``time.time_ns()``), where the request span starts."""
         handoff = self._handoff
         if handoff is not None and query is not None:
-            handoff.pending = (query, decision, events)
-        elif span is not None and self.tracer is not None:
+            handoff.pending = (query, decision, events, started_ns)
+        elif span is not None and decision is not None and self.tracer is not None:
+            # Recorded as the plan is made: the span's clock (a wrapper's may be virtual).
             self.tracer.record(span, decision, events)
 
     def take(self, query: Any) -> Pending | None:
-        """The decision of the plan just made on this thread for ``query`` (handed over
-        once), or None."""
+        """The plan just made on this thread for ``query`` (handed over once), or None."""
         handoff = self._handoff
         if handoff is None:
             return None
@@ -341,9 +346,10 @@ class DecisionRecorder:
         """Record a decision obtained with :meth:`take` on ``span`` (a failure is counted
         in the ``tracing`` stage, never raised)."""
         tracer = self.tracer
-        if tracer is None:
+        decision = pending[1]
+        if tracer is None or decision is None:
             return
         try:
-            tracer.record(span, pending[1], pending[2])
+            tracer.record(span, decision, pending[2], pending[3])
         except Exception:
             self._report_error("tracing", "the decision is not recorded on the span")

@@ -173,9 +173,9 @@ def capture_decisions(policy: AdaptiveLoadBalancingPolicy) -> list[Decision]:
     tracer = policy.decisions.tracer
     record = tracer.record
 
-    def recording(span: Any, decision: Decision, events: Any = ()) -> None:
+    def recording(span: Any, decision: Decision, events: Any = (), made_ns: Any = None) -> None:
         decisions.append(decision)
-        record(span, decision, events)
+        record(span, decision, events, made_ns)
 
     tracer.record = recording
     return decisions

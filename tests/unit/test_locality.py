@@ -308,7 +308,6 @@ def test_the_decision_record_says_whether_the_rack_was_learned_or_configured():
             "ks",
             None,
             non_replica_penalty=12.0,
-            cache_hit_ratio=0.0,
             config_hash="h",
             routing_keys=False,
             pop_transition=lambda host: None,

@@ -4,6 +4,7 @@ tests/integration/test_attach_simulacron.py)."""
 
 from __future__ import annotations
 
+import time
 import types
 
 import pytest
@@ -166,6 +167,46 @@ def test_under_an_application_span_the_request_is_its_child(traced):
     handler = next(s for s in exporter.get_finished_spans() if s.name == "handler")
     assert [e.name for e in handler.events] == []  # the decision went to the request span
     assert [e.name for e in request.events].count(EVENT_NAME) == 1
+
+
+@pytest.mark.parametrize("ratio", [1.0, 0.0])
+def test_the_request_span_starts_where_the_plan_started(traced, ratio):
+    """The plan is the driver's first step for a request (the request-init listener runs
+    after it): the span covers it, and the decision is an event at the plan's time."""
+    provider, exporter = traced
+    model, policy, telemetry, _clock = build(
+        provider, Config(tracing=TracingConfig(ratio=ratio)), root_spans=False
+    )
+    statement = SimpleStatement(TEXT, keyspace="ks")
+    with provider.get_tracer("app").start_as_current_span("handler"):
+        before_plan = time.time_ns()
+        list(policy.make_query_plan("ks", statement))
+        planned = time.time_ns()
+        attempts = telemetry.observe(future_for(statement), policy)
+    attempts.sent(model.hosts[0])
+    attempts.answered(model.hosts[0], ResultMessage(2))
+    attempts.ended(None)
+    request = next(s for s in exporter.get_finished_spans() if s.name == "SELECT ks")
+    assert before_plan <= request.start_time <= planned
+    decisions = [e for e in request.events if e.name == EVENT_NAME]
+    if ratio:
+        assert [d.timestamp for d in decisions] == [request.start_time]
+    else:  # tracing.ratio left the decision out, not the span's start
+        assert decisions == []
+
+
+def test_a_plan_for_another_statement_does_not_start_the_span(traced):
+    provider, exporter = traced
+    _model, policy, telemetry, _clock = build(provider)
+    other = SimpleStatement(TEXT, keyspace="ks")
+    list(policy.make_query_plan("ks", other))
+    planned = time.time_ns()
+    statement = SimpleStatement(TEXT, keyspace="ks")
+    attempts = telemetry.observe(future_for(statement), policy)
+    attempts.ended(None)
+    (span,) = exporter.get_finished_spans()
+    assert span.start_time >= planned
+    assert [e.name for e in span.events] == []  # nor does its decision go there
 
 
 def test_later_pages_do_not_touch_the_ended_span(traced):

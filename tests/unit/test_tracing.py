@@ -13,8 +13,16 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import PrivacyConfig, TracingConfig
+from adaptive_lb.planner import PlanRecord
 from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
-from adaptive_lb.tracing import EVENT_NAME, SPAN_NAME, current_recording_span
+from adaptive_lb.tracing import (
+    CANDIDATES_ATTRIBUTE,
+    EVENT_NAME,
+    SPAN_NAME,
+    DecisionTracer,
+    build_decision,
+    current_recording_span,
+)
 
 SENTINEL_KEY = b"\xde\xad\xbe\xef\x5e\x71\x11\x01"
 SENTINEL_TEXT = "SELECT secret_column_7731 FROM ks.t WHERE k = 'bound-value-4242'"
@@ -36,6 +44,17 @@ def make_policy(provider, **tracing_kwargs):
     )
     policy.populate(model.cluster, model.metadata.all_hosts())
     return model, policy
+
+
+def candidates_of(attributes) -> list[dict[str, str]]:
+    """``adaptive_lb.candidates`` read back as a reader of the trace would: one dict per
+    candidate, ``address`` and ``port`` beside the ``key=value`` fields."""
+    parsed = []
+    for entry in attributes[CANDIDATES_ATTRIBUTE].split("; "):
+        where, *fields = entry.split(" ")
+        address, port = where.rsplit(":", 1)
+        parsed.append({"address": address, "port": port, **dict(f.split("=") for f in fields)})
+    return parsed
 
 
 def statement(key=None):
@@ -68,13 +87,21 @@ def test_decision_event_on_the_enclosing_span(tracing):
     assert second["adaptive_lb.replica_cache.hit"] is True
     assert first["adaptive_lb.plan_length"] == 6
     assert first["adaptive_lb.config_hash"] == policy.config_hash
-    addresses = list(first["adaptive_lb.candidates.address"])
+    candidates = candidates_of(first)
+    addresses = [c["address"] for c in candidates]
     assert addresses[0] == plan[0].address and len(addresses) == 6
     assert set(addresses[:3]) == {h.address for h in replicas}
-    assert list(first["adaptive_lb.candidates.replica"])[:3] == [True, True, True]
-    scores = list(first["adaptive_lb.candidates.score"])
+    assert [c["replica"] for c in candidates] == ["True"] * 3 + ["False"] * 3
+    assert {c["port"] for c in candidates} == {"9042"}
+    scores = [float(c["score"]) for c in candidates]
     assert scores == sorted(scores)
-    assert len(first["adaptive_lb.candidates.in_flight"]) == 6
+    for candidate in candidates:  # the score and what it is made of
+        host = next(h for h in model.hosts if h.address == candidate["address"])
+        assert int(candidate["in_flight"]) == policy.stats.get(host).in_flight == 0
+        assert candidate["health"] == "healthy"
+        penalty = float(candidate["penalty"])
+        assert penalty == (1.0 if candidate["replica"] == "True" else 12.0)
+        assert float(candidate["score"]) == (int(candidate["in_flight"]) + 1) * penalty
 
 
 def test_child_span_mode(tracing):
@@ -131,8 +158,8 @@ def test_health_transition_shows_on_the_next_decision_touching_the_host(tracing)
     assert attributes["server.address"] == replica.address
     assert attributes["adaptive_lb.health.to"] == "warming"
     decision = next(e for e in span.events if e.name == EVENT_NAME).attributes
-    index = list(decision["adaptive_lb.candidates.address"]).index(replica.address)
-    assert decision["adaptive_lb.candidates.health"][index] == "warming"
+    (entry,) = [c for c in candidates_of(decision) if c["address"] == replica.address]
+    assert entry["health"] == "warming"
 
 
 def test_privacy_by_default(tracing, caplog):
@@ -209,7 +236,7 @@ def test_attributes_off_records_the_chosen_host_only(tracing):
     (span,) = exporter.get_finished_spans()
     (event,) = span.events
     assert event.attributes["server.address"] == plan[0].address
-    assert not [k for k in event.attributes if k.startswith("adaptive_lb.candidates.")]
+    assert not [k for k in event.attributes if k.startswith(CANDIDATES_ATTRIBUTE)]
 
 
 def test_ratio_zero_records_nothing(tracing):
@@ -270,3 +297,27 @@ def test_decision_positions_match_the_counters():
     assert {"replica", "local", "child"} <= set(recorded)
     counted = {p: n for p, n in policy.decisions_by_position.items() if n}
     assert counted == {p: recorded.count(p) for p in set(recorded)}
+
+
+def test_flags_are_recorded_when_raised():
+    tracer = DecisionTracer(TracingConfig(), PrivacyConfig())
+
+    def attributes(record: PlanRecord) -> dict:
+        decision, _ = build_decision(
+            record,
+            [],
+            "ks",
+            None,
+            non_replica_penalty=12.0,
+            config_hash="h",
+            routing_keys=False,
+            pop_transition=lambda host: None,
+        )
+        return tracer.attributes(decision)
+
+    plain = attributes(PlanRecord(position="replica"))
+    assert not {"adaptive_lb.lwt", "adaptive_lb.fallback", "adaptive_lb.enabled"} & set(plain)
+    raised = attributes(PlanRecord(lwt=True, fallback=True, enabled=False))
+    assert raised["adaptive_lb.lwt"] is True
+    assert raised["adaptive_lb.fallback"] is True and raised["adaptive_lb.position"] == "fallback"
+    assert raised["adaptive_lb.enabled"] is False
