@@ -438,14 +438,15 @@ def test_the_span_lasts_as_long_as_the_request(attached, spans):
     _, _, session, statement = attached(SLOW)
     measured = []
     for k in range(5):
-        started = time.perf_counter()
+        started = time.time_ns()
         session.execute(statement, [k])
-        measured.append(time.perf_counter() - started)
+        measured.append((started, time.time_ns()))
     recorded = request_spans(exporter)
     assert len(recorded) == 5
-    for span, seconds in zip(recorded, measured, strict=True):
-        duration = (span.end_time - span.start_time) / 1e9
-        assert abs(duration - seconds) <= 0.1 * seconds, (duration, seconds)
+    for span, (started, ended) in zip(recorded, measured, strict=True):
+        # Inside the call, and at least the node's 100 ms: it covers the answer's wait.
+        assert started <= span.start_time < span.end_time <= ended
+        assert span.end_time - span.start_time >= 100_000_000
         assert span.name == f"SELECT {span.attributes['db.collection.name']}"
         assert span.attributes["cassandra.consistency.level"] == "local_one"
         assert span.attributes["cassandra.speculative_execution.count"] == 0

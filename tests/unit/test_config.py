@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 import re
 import threading
@@ -1053,6 +1054,14 @@ def _wait_for(condition, timeout: float = 5.0) -> bool:
     return condition()
 
 
+def _replace(path, text: str) -> None:
+    """Write ``path`` at once (as deployment tools do): ``write_text`` truncates first, and
+    a watcher reading in between would see an empty file, a valid config of its own."""
+    staged = path.with_name(path.name + ".new")
+    staged.write_text(text)
+    os.replace(staged, path)
+
+
 def test_watcher_applies_good_files_and_keeps_the_last_good_one(tmp_path, caplog):
     path = tmp_path / "c.yaml"
     path.write_text("policy:\n  sample_size: 3\n")
@@ -1062,12 +1071,12 @@ def test_watcher_applies_good_files_and_keeps_the_last_good_one(tmp_path, caplog
     with ConfigWatcher(path, changes.append, errors.append, interval=0.01) as watcher:
         assert watcher.running
         # Same size, and maybe the same mtime: the content hash sees the change.
-        path.write_text("policy:\n  sample_size: 4\n")
+        _replace(path, "policy:\n  sample_size: 4\n")
         assert _wait_for(lambda: changes)
-        path.write_text("policy:\n  sample_size: 0\n")
+        _replace(path, "policy:\n  sample_size: 0\n")
         assert _wait_for(lambda: errors)
         assert watcher.config == changes[-1]
-        path.write_text("policy:\n  sample_size: 5\n")
+        _replace(path, "policy:\n  sample_size: 5\n")
         assert _wait_for(lambda: len(changes) == 2)
         stopped = time.monotonic()
     assert time.monotonic() - stopped < 1
