@@ -72,9 +72,12 @@ class Candidate:
     in_flight: int
     health_state: str
     penalty: float
-    """Health penalty x rack penalty x replica penalty: the multiplier of (in_flight + 1)."""
+    """Health penalty x rack penalty x replica penalty x server load: the multiplier of
+    (in_flight + 1)."""
     score: float
     is_replica: bool
+    server_load: float = 1.0
+    """The server-load factor in ``penalty`` (the node's thread pools, damped)."""
 
 
 @define(frozen=True, slots=True)
@@ -146,6 +149,7 @@ def build_decision(
                 penalty=penalty_of(view, scored_as_replica, non_replica_penalty),
                 score=score_of(view, scored_as_replica, non_replica_penalty),
                 is_replica=is_replica,
+                server_load=stats.server_load,
             )
         )
         transition = pop_transition(view.host)
@@ -232,6 +236,9 @@ class DecisionTracer:
             attributes["adaptive_lb.candidates.penalty"] = [c.penalty for c in candidates]
             attributes["adaptive_lb.candidates.score"] = [round(c.score, 3) for c in candidates]
             attributes["adaptive_lb.candidates.replica"] = [c.is_replica for c in candidates]
+            attributes["adaptive_lb.candidates.server_load"] = [
+                round(c.server_load, 3) for c in candidates
+            ]
         if self.privacy.routing_keys and decision.routing_key is not None:
             attributes["adaptive_lb.routing_key"] = decision.routing_key.hex()
         return attributes

@@ -211,6 +211,7 @@ class RequestTracker:
         self.prober = Prober(session, self.policies)
         """Sends the policies' active probes (:mod:`adaptive_lb.prober`)."""
         self._probe_query = self.prober.statement
+        self._load_query = self.prober.load_statement
         self.problems = tracking_problems()
         """What this driver lacks that tracking hooks; not empty: no request is tracked
         (nor touched, nor probed), and the policies plan as if every host were idle."""
@@ -225,8 +226,8 @@ class RequestTracker:
         self.prober.start()
 
     def _on_request(self, future: Any) -> None:
-        if future.query is self._probe_query:
-            return  # adaptive-lb's own probe: counted apart, on the host's ProbeRecord
+        if future.query is self._probe_query or future.query is self._load_query:
+            return  # adaptive-lb's own probe or load read: counted apart, on the host
         policy = getattr(future, FUTURE_POLICY_ATTRIBUTE, None)
         if self._closed or not isinstance(policy, AdaptiveLoadBalancingPolicy):
             self.untracked_requests += 1
