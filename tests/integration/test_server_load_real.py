@@ -14,7 +14,6 @@ import pytest
 
 from adaptive_lb.config import ServerLoadConfig
 from adaptive_lb.server_load import WATCHED_POOLS
-from tests.integration.cassandra_fixture import cassandra_cluster  # noqa: F401
 from tests.integration.test_real_cassandra import (  # noqa: F401 (fixtures)
     FAST_NO_RACK,
     BackgroundLoad,
@@ -75,6 +74,7 @@ def test_real_thread_pools_show_another_clients_load(connect: Connect) -> None: 
         a: (v.stats.load.supported, v.stats.load.unsupported_reason) for a, v in views.items()
     }
     idle = {a: (v.stats.load.raw, v.stats.load.pool) for a, v in views.items()}
+    rtt_ms = {a: round((v.stats.load.last_latency_s or 0) * 1000, 2) for a, v in views.items()}
     loaded = sorted(views)[2]  # not the contact point
     other = subprocess.Popen(
         [sys.executable, "-c", OTHER_CLIENT, loaded, "6", "24"],
@@ -100,10 +100,11 @@ def test_real_thread_pools_show_another_clients_load(connect: Connect) -> None: 
             other.wait()
     counts = attempts(requests)
     records = {a: v.stats.load for a, v in views.items()}
+    reads = {a: r.sent for a, r in records.items()}
     print(
-        f"\nidle pressure {idle}; another process scanning through {loaded} ({scans}): peak "
-        f"pressure {peak}, peak factor {factors}, pool {records[loaded].pool}; this client's "
-        f"attempts {dict(counts)}; reads { ({a: r.sent for a, r in records.items()}) }"
+        f"\nidle pressure {idle}, read round trip (ms) {rtt_ms}; another process scanning "
+        f"through {loaded} ({scans}): peak pressure {peak}, peak factor {factors}, pool "
+        f"{records[loaded].pool}; this client's attempts {dict(counts)}; reads {reads}"
     )
     for address, record in records.items():
         assert record.supported is True and record.pool in WATCHED_POOLS, address
