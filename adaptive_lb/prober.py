@@ -178,7 +178,7 @@ def _loaded(rows: Any, policy: Any, record: ServerLoadRecord, sent_ns: int) -> N
 
 def _load_failed(exc: BaseException, record: ServerLoadRecord) -> None:
     # A node without the table refuses the query (InvalidRequest); a role that may not read
-    # it, Unauthorized: both are remembered and the host is not read again.
+    # it, Unauthorized: both are remembered and the host is not read again until it comes back up.
     absent = isinstance(exc, RequestValidationException)
     with contextlib.suppress(Exception):  # never into the driver
         record.fail(absent=f"{type(exc).__name__}: {exc}"[:200] if absent else None)

@@ -32,9 +32,10 @@ at once (and then all leave the next one):
   ``interval`` counts for nothing (factor 1: the client's own view alone).
 
 Where the table is missing (ScyllaDB, Cassandra 3.x: the node says so, answers no row, or
-its ``release_version`` is below 4) the host's record remembers it once and it is never
-read again; its factor stays 1, and the round trip of adaptive-lb's probes and the user's
-own requests (the health model) are the signal there.
+its ``release_version`` is below 4) the host's record remembers it and it is not read
+again until it comes back up (a restart, perhaps an upgrade); its factor stays 1, and
+the round trip of adaptive-lb's probes and of the user's own requests (the health model)
+are the signal there.
 
 Imports attrs and the config only.
 """
@@ -267,6 +268,15 @@ class ServerLoadRecord:
         """Never read this host (e.g. its ``release_version`` is below 4)."""
         with self._lock:
             self._unsupported(reason)
+
+    def came_back(self) -> None:
+        """The host came back up (a restart, perhaps upgraded): ask it again whether it has
+        the table, and start its readings afresh."""
+        with self._lock:
+            self.supported = None
+            self.unsupported_reason = ""
+            self.pressure = self.raw = None
+            self.read_ns = None
 
     def _unsupported(self, reason: str) -> None:
         self.supported = False

@@ -146,8 +146,8 @@ class ServerLoadConfig:
     blocked_tasks FROM system_views.thread_pools`` (to that host only, through the user's
     session, counted apart from the user's requests), and the queueing other clients cause
     there multiplies its score, damped (docs/design.md, "The server's view of its load").
-    Where the table does not exist (ScyllaDB, Cassandra 3.x) the host is never asked again
-    and its factor stays 1."""
+    Where the table does not exist (ScyllaDB, Cassandra 3.x) the host is not asked again
+    until it comes back up (a restart, perhaps an upgrade), and its factor stays 1."""
 
     enabled: bool = field(default=True, validator=boolean)
     """Read the thread pools and weigh them in the score; false: no read, factor 1."""

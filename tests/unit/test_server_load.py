@@ -204,6 +204,13 @@ def test_an_empty_answer_or_a_refusal_means_no_table_remembered():
     assert record.failed == 1 and record.supported is None and record.begin(0)
     record.fail(absent="InvalidRequest: unconfigured table thread_pools")
     assert record.supported is False and "unconfigured" in record.unsupported_reason
+    # A host that comes back up (a restart: perhaps an upgrade) is asked again.
+    from adaptive_lb.health import HealthModel
+
+    stats = HostStats(TrackingConfig(), ManualClock(0))
+    stats.load = record
+    HealthModel(HealthConfig(), ManualClock(S)).mark_up("h", stats)
+    assert record.supported is None and record.begin(0)
     assert supports_thread_pools("3.0.8") is False  # ScyllaDB, Cassandra 3.x
     assert supports_thread_pools("4.0.0") is True and supports_thread_pools("5.0.6") is True
     assert supports_thread_pools(None) is None and supports_thread_pools("dev") is None
