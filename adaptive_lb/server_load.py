@@ -83,6 +83,9 @@ JITTER = 0.25
 """A host's next read comes ``interval`` x (1 +/- this) after the last."""
 
 _NS = 1_000_000_000
+_DRAWS = random.Random()
+"""Thresholds are drawn from a stream of their own: the simulator's seeded ``random``
+stream (ties, shuffles) stays as it was."""
 
 
 @define(frozen=True, slots=True)
@@ -219,7 +222,7 @@ class ServerLoadRecord:
         reading, or no peer with one)."""
         self.factor = 1.0
         """The score factor published at the last refresh."""
-        self.draw = random.random() if draw is None else draw
+        self.draw = _DRAWS.random() if draw is None else draw
         """This client's response threshold for this host, as a fraction of
         ``2 x threshold`` (randomized partial response, see the module docstring)."""
 
