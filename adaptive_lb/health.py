@@ -152,6 +152,7 @@ class HealthModel:
             stats.publish_health(new.state, new.penalty)
             transition = HealthTransition(key, old, new)
             self._unreported[key] = transition
+        stats.load.came_back()  # restarted, perhaps upgraded: has it thread pools now?
         self._log(transition)
         return transition
 

@@ -440,8 +440,11 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         """Stop the refresh thread (if running) and wait for it."""
         self._refresh.stop()
 
-    def use_prober(self, send: Any | None, replacing: Any | None = None) -> None:
-        """Send active probes with ``send(order)`` after each health refresh (None: stop).
+    def use_prober(
+        self, send: Any | None, replacing: Any | None = None, read_load: Any | None = None
+    ) -> None:
+        """Send active probes with ``send(order)`` after each health refresh (None: stop),
+        and server-load reads with ``read_load(order)`` (:mod:`adaptive_lb.server_load`).
         With ``replacing``, only if that is the sender in place (a closing session must
         not stop another's). :class:`adaptive_lb.prober.Prober` calls it."""
         refresh = self._refresh
@@ -449,6 +452,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             if replacing is not None and refresh.probe_sender is not replacing:
                 return
             refresh.probe_sender = send
+            refresh.load_reader = read_load if send is not None else None
             self.health.probing = send is not None
 
     # ------------------------------------------------------------------ snapshot

@@ -1,5 +1,10 @@
 """Active probes, the driver-facing part: sends each probe the scheduler orders.
 
+Besides the probes it sends the server-load reads of :mod:`adaptive_lb.server_load`
+(``system_views.thread_pools``, Cassandra 4.0+) the same way, to the host the health refresh
+orders, each with ``health.server_load.timeout``; a node whose ``release_version`` is below 4
+is never asked.
+
 A probe is ``SELECT release_version FROM system.local`` (:data:`~adaptive_lb.probes.PROBE_QUERY`)
 sent through the user's session -- so with its authentication, needing no schema of the
 user's -- to one host only, with the driver's per-request host targeting
@@ -19,6 +24,7 @@ Imports the driver's public API and adaptive-lb's probe layers (probes, probe_re
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from functools import partial
 from typing import Any
@@ -31,6 +37,13 @@ from cassandra.query import SimpleStatement
 
 from adaptive_lb.probe_record import ANSWERED, FAILED, TIMEOUT, UNSENT, ProbeRecord
 from adaptive_lb.probes import PROBE_QUERY, ProbeOrder
+from adaptive_lb.server_load import (
+    THREAD_POOLS_QUERY,
+    LoadOrder,
+    ServerLoadRecord,
+    parse_pools,
+    supports_thread_pools,
+)
 
 __all__ = ["Prober", "outcome_of_exception"]
 
@@ -73,6 +86,11 @@ class Prober:
             PROBE_QUERY, consistency_level=ConsistencyLevel.ONE, is_idempotent=True
         )
         """The one statement every probe sends (tracking skips requests made with it)."""
+        self.load_statement = SimpleStatement(
+            THREAD_POOLS_QUERY, consistency_level=ConsistencyLevel.ONE, is_idempotent=True
+        )
+        """The one statement every server-load read sends (:mod:`adaptive_lb.server_load`;
+        tracking skips it too)."""
 
     def start(self) -> Prober:
         """Have each policy send its due probes after each health refresh."""
@@ -80,7 +98,7 @@ class Prober:
             for policy in self._policies:
                 send = partial(self._send, policy)
                 self._senders[id(policy)] = send
-                policy.use_prober(send)
+                policy.use_prober(send, read_load=partial(self._read_load, policy))
         return self
 
     def close(self) -> None:
@@ -115,6 +133,55 @@ class Prober:
         except Exception:
             record.end(UNSENT, policy.now_ns())
             policy.record_error("probes", "this probe is not sent")
+
+    def _read_load(self, policy: Any, order: LoadOrder) -> None:
+        if self._closed or getattr(self._session, "is_shutdown", False):
+            return
+        record = order.stats.load
+        version = getattr(order.key, "release_version", None)
+        if supports_thread_pools(version) is False:
+            record.mark_unsupported(f"release_version {version}: no system_views.thread_pools")
+            return
+        if not record.begin(order.next_ns):
+            return
+        sent_ns = policy.now_ns()
+        try:
+            future = self._session.execute_async(
+                self.load_statement,
+                timeout=policy.config.health.server_load.timeout,
+                host=order.key,
+            )
+            future.add_callbacks(
+                _loaded,
+                _load_failed,
+                callback_args=(policy, record, sent_ns),
+                errback_args=(record,),
+            )
+        except Exception:
+            record.fail()
+            policy.record_error("server_load", "this load read is not sent")
+
+
+def _loaded(rows: Any, policy: Any, record: ServerLoadRecord, sent_ns: int) -> None:
+    try:
+        now = policy.now_ns()
+        try:
+            pools = parse_pools(rows or ())
+        except ValueError as exc:
+            record.fail(absent=str(exc))  # a row factory of the user's we cannot read
+            return
+        half_life = policy.config.health.server_load.half_life
+        record.answer(pools, now, max(0, now - sent_ns) / 1e9, half_life)
+    except Exception:  # never into the driver
+        policy.record_error("server_load", "this load reading is not counted")
+
+
+def _load_failed(exc: BaseException, record: ServerLoadRecord) -> None:
+    # A node without the table refuses the query (InvalidRequest); a role that may not read
+    # it, Unauthorized: both are remembered and the host is not read again until it comes back up.
+    absent = isinstance(exc, RequestValidationException)
+    with contextlib.suppress(Exception):  # never into the driver
+        record.fail(absent=f"{type(exc).__name__}: {exc}"[:200] if absent else None)
 
 
 def _answered(_rows: Any, policy: Any, record: ProbeRecord, failures: int) -> None:

@@ -12,6 +12,7 @@ path to read.
 
 from __future__ import annotations
 
+import random
 import statistics
 import threading
 import weakref
@@ -22,6 +23,7 @@ from adaptive_lb.health import HealthModel, HealthState, HealthTransition
 from adaptive_lb.probes import ProbeOrder, ProbeScheduler
 from adaptive_lb.proximity import rack_proximity
 from adaptive_lb.scoring import HostView
+from adaptive_lb.server_load import LoadOrder, due, publish
 from adaptive_lb.stats import HostStats
 from adaptive_lb.topology import TopologyBook
 
@@ -50,6 +52,10 @@ class HealthRefresh:
         """Sends one probe (:mod:`adaptive_lb.prober`, while request tracking is
         attached; the simulator's :mod:`adaptive_lb.sim.driver_side`); None: no probes
         (a policy without tracking)."""
+        self.load_reader: Callable[[LoadOrder], None] | None = None
+        """Sends one server-load read (:mod:`adaptive_lb.server_load`), beside the probe
+        sender; None: none (every host's ``server_load`` factor stays 1)."""
+        self._load_rng = random.Random()
 
     def refresh(self) -> list[HealthTransition]:
         """Refresh now (waits for a refresh in progress); the health transitions."""
@@ -57,6 +63,7 @@ class HealthRefresh:
         transitions = self.health.refresh(stats, groups, self._book.knows, self.racks())
         self._refresh_locality()
         self._probe()
+        self._server_load()
         return transitions
 
     def maybe_refresh(self) -> list[HealthTransition] | None:
@@ -67,6 +74,7 @@ class HealthRefresh:
         if transitions is not None:
             self._refresh_locality()
             self._probe()
+            self._server_load()
         return transitions
 
     def _probe(self) -> None:
@@ -86,6 +94,23 @@ class HealthRefresh:
         )
         for order in orders:
             send(order)
+
+    def _server_load(self) -> None:
+        """After a health refresh: publish each local host's server-load factor (its
+        datacenter's hosts are its peers), then send the load reads that are due."""
+        config = self.health.config.server_load
+        local = [view for view in self._book.topology.by_id.values() if view.is_local]
+        now = self.health.clock.now_ns()
+        by_dc: dict[Any, list[tuple[Hashable, HostStats]]] = {}
+        for view in local:
+            by_dc.setdefault(view.datacenter, []).append((view.host, view.stats))
+        for hosts in by_dc.values():
+            publish(hosts, now, config)
+        read = self.load_reader
+        if read is None:
+            return
+        for order in due(((v.host, v.stats, v.live) for v in local), now, config, self._load_rng):
+            read(order)
 
     def inputs(self) -> tuple[dict[Hashable, HostStats], dict[Hashable, Any]]:
         """Every known host's statistics, and its peer group: its datacenter."""

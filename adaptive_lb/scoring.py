@@ -8,6 +8,8 @@ The score of a candidate host is Netflix's WLLLB formula::
                                        remote rack (1 .. rack_proximity_cap)
             x non_replica_penalty      if the host is not a replica of the routing key
             x health_penalty           (1 when healthy, up to 64 when not)
+            x server_load              the node's own view of its queues, damped
+                                       (1 .. health.server_load.cap; adaptive_lb.server_load)
 
 Lower is better. Equal scores are broken at random so that equal hosts share the load
 evenly (replicas by a tiny jitter, fill hosts by their random window order); LWT plans use
@@ -16,7 +18,8 @@ coordinator.
 
 Everything here works on :class:`HostView` objects, which carry an opaque ``host`` (a driver
 ``Host`` in production, anything hashable in the simulator) and a live statistics object with
-three attributes read lock-free: ``in_flight``, ``rack_penalty`` and ``health_penalty``.
+four attributes read lock-free: ``in_flight``, ``rack_penalty``, ``health_penalty`` and
+``server_load``.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class HostLoad(Protocol):
     in_flight: int
     rack_penalty: float
     health_penalty: float
+    server_load: float
 
 
 _Load_co = TypeVar("_Load_co", bound=HostLoad, covariant=True)
@@ -113,10 +117,10 @@ class HostWindow(Protocol[_T_co]):
 
 
 def penalty_of(view: HostView[HostLoad], is_replica: bool, non_replica_penalty: float) -> float:
-    """The multiplier of ``in_flight + 1`` in ``view``'s score: rack x health penalties,
-    x ``non_replica_penalty`` unless ``is_replica``."""
+    """The multiplier of ``in_flight + 1`` in ``view``'s score: rack x health penalties x
+    server load, x ``non_replica_penalty`` unless ``is_replica``."""
     stats = view.stats
-    penalty = stats.rack_penalty * stats.health_penalty
+    penalty = stats.rack_penalty * stats.health_penalty * stats.server_load
     return penalty if is_replica else penalty * non_replica_penalty
 
 
@@ -136,6 +140,7 @@ def best_replica(replicas: Sequence[HostView[_Load]]) -> tuple[HostView[_Load], 
             (stats.in_flight + 1)
             * stats.rack_penalty
             * stats.health_penalty
+            * stats.server_load
             * (1.0 + TIE_JITTER * random())
         )
         if score < best_score:
@@ -176,7 +181,11 @@ def lowest_score(fill: Sequence[HostView[_Load]], non_replica_penalty: float) ->
     for view in fill:
         stats = view.stats
         score = (
-            (stats.in_flight + 1) * stats.rack_penalty * stats.health_penalty * non_replica_penalty
+            (stats.in_flight + 1)
+            * stats.rack_penalty
+            * stats.health_penalty
+            * stats.server_load
+            * non_replica_penalty
         )
         if score < lowest:
             lowest = score
@@ -205,6 +214,7 @@ def order(
                 (stats.in_flight + 1)
                 * stats.rack_penalty
                 * stats.health_penalty
+                * stats.server_load
                 * (1.0 + TIE_JITTER * random()),
                 view,
             )
@@ -216,6 +226,7 @@ def order(
                 (stats.in_flight + 1)
                 * stats.rack_penalty
                 * stats.health_penalty
+                * stats.server_load
                 * non_replica_penalty,
                 view,
             )

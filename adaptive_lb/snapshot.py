@@ -181,6 +181,26 @@ class HostSnapshot:
     """How long the last answered probe took; None before one answered."""
     probe_reason: str = field(metadata=_NOW)
     """Why the last probe was sent; empty before the first."""
+    server_load: float = field(metadata=_REFRESH)
+    """Multiplier of the host's load score from the server's own view of its load
+    (``health.server_load``): 1 without a fresh reading, up to ``health.server_load.cap``."""
+    server_pressure: float | None = field(metadata=_NOW)
+    """The host's smoothed pressure: at its busiest watched thread pool, (active + pending +
+    blocked tasks) / the pool's thread limit; None without a reading (ScyllaDB, Cassandra
+    3.x, no read yet)."""
+    server_pressure_pool: str = field(metadata=_NOW)
+    """The pool under the most pressure at the last reading; empty before one."""
+    server_load_excess: float = field(metadata=_REFRESH)
+    """The smoothed pressure minus the median of the other local hosts': what the factor is
+    made from (0 without a fresh reading or a peer with one)."""
+    server_load_source: str = field(metadata=_NOW)
+    """``thread_pools`` (read), ``unknown`` (not read yet), or ``none: why`` (the host has
+    no such table, or it may not be read: the probe's round trip and the user's requests
+    are the signal)."""
+    server_load_reads_total: int = field(metadata=_LIFETIME)
+    """Thread-pool reads sent to the host (counted apart from the user's attempts)."""
+    server_load_read_failures_total: int = field(metadata=_LIFETIME)
+    """Thread-pool reads that timed out, failed or could not be sent."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data: ``{field name: value}``."""
@@ -292,6 +312,7 @@ class PolicySnapshot:
             host = view.host
             stats = view.stats
             probes = stats.probes
+            load = stats.load
             window = health.window_stats(host)
             verdict = health.health(host)
             latency = window.latency if window is not None else {}
@@ -331,6 +352,13 @@ class PolicySnapshot:
                     probes_unsent_total=probes.unsent,
                     probe_latency_seconds=probes.last_latency_s,
                     probe_reason=probes.reason,
+                    server_load=stats.server_load,
+                    server_pressure=load.pressure,
+                    server_pressure_pool=load.pool,
+                    server_load_excess=load.excess,
+                    server_load_source=_load_source(load.supported, load.unsupported_reason),
+                    server_load_reads_total=load.sent,
+                    server_load_read_failures_total=load.failed,
                 )
             )
         hosts.sort(key=lambda h: (h.datacenter or "", h.rack or "", h.address))
@@ -389,6 +417,13 @@ class PolicySnapshot:
     def from_dict(cls, data: dict[str, Any]) -> PolicySnapshot:
         """The snapshot :meth:`to_dict` gave ``data`` for (e.g. after ``json.loads``)."""
         return _converter().structure(data, cls)
+
+
+def _load_source(supported: bool | None, reason: str) -> str:
+    """``server_load_source`` of a host (see :class:`HostSnapshot`)."""
+    if supported is None:
+        return "unknown"
+    return "thread_pools" if supported else f"none: {reason}"
 
 
 def take_snapshot(policy: Any) -> PolicySnapshot | None:

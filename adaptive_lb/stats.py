@@ -33,6 +33,7 @@ from adaptive_lb.clock import Clock
 from adaptive_lb.config import TrackingConfig
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.probe_record import ProbeRecord
+from adaptive_lb.server_load import ServerLoadRecord
 from adaptive_lb.window import ERROR, ROTATE, TIMEOUT, SlidingWindow, WindowLayout
 
 __all__ = ["EVENTS_LIMIT", "HostStats", "WindowStats"]
@@ -94,11 +95,13 @@ class HostStats:
         "errors_total",
         "health_penalty",
         "health_state",
+        "load",
         "pool_in_flight",
         "probe_left",
         "probes",
         "rack_penalty",
         "requests_total",
+        "server_load",
         "timeouts_total",
         "underflows",
         "unsent_total",
@@ -138,6 +141,12 @@ class HostStats:
         self.probes = ProbeRecord()
         """adaptive-lb's own probes of this host (:mod:`adaptive_lb.probe_record`),
         counted apart from the user's requests above."""
+        self.server_load = 1.0
+        """Score multiplier from the host's own view of its load (read lock-free by the
+        policy, written by the health refresh: :func:`adaptive_lb.server_load.publish`)."""
+        self.load = ServerLoadRecord()
+        """Reads of the host's thread pools (:mod:`adaptive_lb.server_load`), counted
+        apart from the user's requests."""
         self._lock = threading.Lock()
         """Guards the counters above and the events list (the request path's lock)."""
         self._replay_lock = threading.Lock()

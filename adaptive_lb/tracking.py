@@ -229,6 +229,7 @@ class RequestTracker:
         self.sampling = False
         """Only a sample of requests is tracked (:mod:`adaptive_lb.sampling`) once traffic
         is thick: the plans read in-flight counts from the driver's pools."""
+        self._load_query = self.prober.load_statement
         self.problems = tracking_problems()
         """What this driver lacks that tracking hooks; not empty: no request is tracked
         (nor touched, nor probed), and the policies plan as if every host were idle."""
@@ -250,8 +251,8 @@ class RequestTracker:
         self.prober.start()
 
     def _on_request(self, future: Any) -> None:
-        if future.query is self._probe_query:
-            return  # adaptive-lb's own probe: counted apart, on the host's ProbeRecord
+        if future.query is self._probe_query or future.query is self._load_query:
+            return  # adaptive-lb's own probe or load read: counted apart, on the host
         policy = getattr(future, FUTURE_POLICY_ATTRIBUTE, None)
         if self._closed or not isinstance(policy, AdaptiveLoadBalancingPolicy):
             self.untracked_requests += 1

@@ -42,6 +42,7 @@ from adaptive_lb.config.model import (
     PrivacyConfig,
     RackLearningConfig,
     ReloadConfig,
+    ServerLoadConfig,
     TracingConfig,
     TrackingConfig,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "PrivacyConfig",
     "RackLearningConfig",
     "ReloadConfig",
+    "ServerLoadConfig",
     "TracingConfig",
     "TrackingConfig",
     "config_from_mapping",

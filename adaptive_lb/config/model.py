@@ -145,6 +145,36 @@ class HealthPenalties:
 
 
 @define(frozen=True, slots=True)
+class ServerLoadConfig:
+    """The server's own view of its load (Apache Cassandra 4.0+): every ``interval`` each
+    live local host is sent ``SELECT name, active_tasks, active_tasks_limit, pending_tasks,
+    blocked_tasks FROM system_views.thread_pools`` (to that host only, through the user's
+    session, counted apart from the user's requests), and the queueing other clients cause
+    there multiplies its score, damped (docs/design.md, "The server's view of its load").
+    Where the table does not exist (ScyllaDB, Cassandra 3.x) the host is not asked again
+    until it comes back up (a restart, perhaps an upgrade), and its factor stays 1."""
+
+    enabled: bool = field(default=True, validator=boolean)
+    """Read the thread pools and weigh them in the score; false: no read, factor 1."""
+    interval: float = duration(2.0, ge(0.5), le(60.0))
+    """How often each live local host is read (jittered +/- 25 %, one read outstanding per
+    host). A reading older than 3 x this no longer counts."""
+    timeout: float = duration(0.5, gt(0.0), le(60.0))
+    """How long a read may take; one that has not answered by then is dropped (it judges
+    nothing: the probes and the user's requests judge health)."""
+    half_life: float = duration(4.0, ge(0.0), le(600.0))
+    """Smoothing of the readings over time: a step in a node's queues moves its factor
+    halfway in this long (0: the last reading alone)."""
+    threshold: float = field(default=0.5, validator=[number, ge(0.0), le(100.0)])
+    """Mean excess pressure (a pool's (active + pending + blocked) / its thread limit,
+    minus the median of the other local hosts') a client ignores: each client draws its
+    own threshold per host, uniform in [0, 2 x this), so that a fleet's response grows
+    with the excess instead of every client leaving a node at once."""
+    cap: float = field(default=4.0, validator=[number, ge(1.0), le(100.0)])
+    """Largest score factor from server load (1: read and show, never weigh)."""
+
+
+@define(frozen=True, slots=True)
 class HealthConfig:
     """When a host counts as SLOW, ERRORING or WARMING, and what that costs it."""
 
@@ -204,6 +234,8 @@ class HealthConfig:
     0.5-2 ms apart, so a gap beyond this is slowness, and the host is still judged."""
     penalties: HealthPenalties = field(factory=HealthPenalties)
     """Score multiplier per health state."""
+    server_load: ServerLoadConfig = field(factory=ServerLoadConfig)
+    """The server's own view of its load (Cassandra 4.0+ thread pools) in the score."""
 
 
 @define(frozen=True, slots=True)

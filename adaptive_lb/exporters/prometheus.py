@@ -21,6 +21,9 @@ Families (``_total`` is added by the exposition format to counters):
   ``adaptive_lb_host_probes_total{outcome="answered"|"failed"|"timeout"|"unsent"}``
   (adaptive-lb's own probes, counted apart from the user's attempts) and
   ``adaptive_lb_host_probe_latency_seconds`` (gauge: the last answered probe);
+  ``adaptive_lb_host_server_load`` (the score factor from the node's thread pools),
+  ``adaptive_lb_host_server_pressure_ratio`` and ``adaptive_lb_host_server_load_reads_total``
+  / ``..._read_failures_total`` (reads of ``system_views.thread_pools``, not user requests);
 - ``adaptive_lb_decisions_total{position=...}``, ``adaptive_lb_replica_cache_hits_total`` /
   ``_misses_total`` / ``_bypassed_total`` / ``_evictions_total`` / ``_invalidations_total``,
   ``adaptive_lb_replica_cache_size`` (gauge), ``adaptive_lb_plan_fallbacks_total`` (internal
@@ -115,6 +118,25 @@ _HOST_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
         "The host's rack penalty (multiplier of its load score; 1 = the client's rack, "
         "more for a rack farther away).",
         "rack_penalty",
+    ),
+    (
+        GaugeMetricFamily,
+        "adaptive_lb_host_server_load",
+        "The host's server-load factor (multiplier of its load score from the queues the "
+        "node reports in system_views.thread_pools, damped; 1 = none).",
+        "server_load",
+    ),
+    (
+        CounterMetricFamily,
+        "adaptive_lb_host_server_load_reads",
+        "Reads of the host's system_views.thread_pools sent (not user requests).",
+        "server_load_reads_total",
+    ),
+    (
+        CounterMetricFamily,
+        "adaptive_lb_host_server_load_read_failures",
+        "Reads of the host's thread pools that timed out, failed or were not sent.",
+        "server_load_read_failures_total",
     ),
 )
 
@@ -280,6 +302,12 @@ class AdaptiveLbCollector(Collector):
             "How long the host's last answered probe took.",
             labels=_HOST_LABELS,
         )
+        pressure = GaugeMetricFamily(
+            "adaptive_lb_host_server_pressure_ratio",
+            "The host's smoothed pressure at its busiest watched thread pool: (active + "
+            "pending + blocked tasks) / the pool's thread limit (absent without a reading).",
+            labels=_HOST_LABELS,
+        )
         decisions = CounterMetricFamily(
             "adaptive_lb_decisions",
             "Plans made, by the origin of their first host.",
@@ -329,6 +357,8 @@ class AdaptiveLbCollector(Collector):
                 probes.add_metric([*labels, "unsent"], host.probes_unsent_total)
                 if host.probe_latency_seconds is not None:
                     probe_latency.add_metric(labels, host.probe_latency_seconds)
+                if host.server_pressure is not None:
+                    pressure.add_metric(labels, host.server_pressure)
             for family, attribute in policy_families:
                 family.add_metric([name], float(getattr(snapshot, attribute)))
             for position, count in getattr(policy, "decisions_by_position", {}).items():
@@ -344,7 +374,7 @@ class AdaptiveLbCollector(Collector):
                 },
             )
         yield from (family for family, _ in host_families)
-        yield from (latency, health, probes, probe_latency, decisions)
+        yield from (latency, health, probes, probe_latency, pressure, decisions)
         yield from (family for family, _ in policy_families)
         yield from (errors, reloads, info, rack)
         yield from _span_families()

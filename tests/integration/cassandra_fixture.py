@@ -1,8 +1,7 @@
 """Session-scoped pytest fixture for a real 3-node Apache Cassandra 5.0 cluster.
 
-Import it into a test module (pytest then finds it there)::
-
-    from tests.integration.cassandra_fixture import cassandra_cluster  # noqa: F401
+``tests/integration/conftest.py`` imports it, so every integration module shares one
+cluster (a module importing it itself would get a fixture, and a cluster, of its own).
 
 * ``cassandra_cluster`` (session scope): a :class:`~tests.integration.cassandra.CassandraCluster`
   of 3 nodes at 127.0.3.1-3 (port 9042 on each), data center ``dc1``, racks r1/r2/r3, one

@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+# One definition for every module: a fixture imported into two test modules is two
+# fixtures, and the second would start a second cluster on the same addresses.
+from tests.integration.cassandra_fixture import cassandra_cluster  # noqa: F401
 from tests.integration.simulacron import (
     DEFAULT_CACHE_DIR,
     SIMULACRON_VERSION,

@@ -34,7 +34,6 @@ from adaptive_lb.config import HealthConfig, TrackingConfig
 from adaptive_lb.health import HealthState
 from adaptive_lb.peers.connect import CQL_PORT, connect_driver
 from tests.integration.cassandra import CassandraCluster
-from tests.integration.cassandra_fixture import cassandra_cluster  # noqa: F401
 from tests.integration.delay_proxy import DelayProxy
 
 pytestmark = pytest.mark.integration
@@ -157,7 +156,7 @@ def errors(requests: list[Request]) -> Counter[str]:
 
 
 @pytest.fixture(scope="module")
-def ring(cassandra_cluster: CassandraCluster) -> Iterator[CassandraCluster]:  # noqa: F811
+def ring(cassandra_cluster: CassandraCluster) -> Iterator[CassandraCluster]:
     """Keyspace ``ks`` (NetworkTopologyStrategy dc1: 2) with ``t`` holding ROWS rows."""
     started = time.monotonic()
     cluster, session = connect_driver(

@@ -347,9 +347,10 @@ class _Policy:
         self.sender: Any = None
         self.errors: list[str] = []
 
-    def use_prober(self, send, replacing=None):
+    def use_prober(self, send, replacing=None, read_load=None):
         if replacing is None or self.sender is replacing:
             self.sender = send
+            self.read_load = read_load if send is not None else None
 
     def record_error(self, stage, what):
         self.errors.append(stage)

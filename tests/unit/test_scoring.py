@@ -23,11 +23,12 @@ NON_REPLICA = 12.0
 
 @define
 class Load:
-    """The three numbers scoring reads (``HostLoad``)."""
+    """The four numbers scoring reads (``HostLoad``)."""
 
     in_flight: int = 0
     rack_penalty: float = 1.0
     health_penalty: float = 1.0
+    server_load: float = 1.0
 
 
 def rank(replicas, local, fill_count, exclude, non_replica_penalty) -> list[HostView]:
@@ -47,6 +48,19 @@ def test_score_is_the_wlllb_formula():
     view = HostView(host="a", stats=Load(in_flight=3, rack_penalty=4.0, health_penalty=64.0))
     assert score_of(view, True, NON_REPLICA) == 4 * 4.0 * 64.0
     assert score_of(view, False, NON_REPLICA) == 4 * 4.0 * 64.0 * NON_REPLICA
+    view.stats.server_load = 2.5
+    assert score_of(view, True, NON_REPLICA) == 4 * 4.0 * 64.0 * 2.5
+
+
+def test_a_host_the_server_reports_loaded_sinks_behind_equal_peers():
+    replicas = views("abc")
+    replicas[1].stats.server_load = 1.5
+    for _ in range(50):
+        assert hosts(rank(replicas, replicas, 0, replicas, NON_REPLICA))[-1] == "b"
+    # ...but not behind a peer with more of this client's own requests in flight.
+    replicas[0].stats.in_flight = 1  # score 2 > 1.5
+    for _ in range(50):
+        assert hosts(rank(replicas, replicas, 0, replicas, NON_REPLICA))[-1] == "a"
 
 
 def test_replicas_come_before_fill_under_equal_load():
@@ -127,7 +141,12 @@ def test_hot_loops_order_by_score_of():
         return [
             HostView(
                 host=f"{prefix}{i}",
-                stats=Load(rng.randrange(50), rng.choice(penalties), rng.choice(penalties)),
+                stats=Load(
+                    rng.randrange(50),
+                    rng.choice(penalties),
+                    rng.choice(penalties),
+                    rng.choice((1.0, 1.25, 2.5, 4.0)),
+                ),
                 is_local=True,
             )
             for i in range(count)

@@ -35,8 +35,15 @@ DOC = ROOT / "docs" / "observability.md"
 MS = 1_000_000
 S = 1_000_000_000
 
-DIMENSIONLESS = {"window_error_rate", "health_penalty", "rack_penalty"}
-"""The float fields that are not durations: a ratio and two score multipliers."""
+DIMENSIONLESS = {
+    "window_error_rate",
+    "health_penalty",
+    "rack_penalty",
+    "server_load",
+    "server_pressure",
+    "server_load_excess",
+}
+"""The float fields that are not durations: ratios and score multipliers."""
 DURATION_WORDS = {"latency", "since", "age", "time", "duration", "interval", "taken", "elapsed"}
 """Words of a field name that make it a duration or a time."""
 OTHER_UNITS = ("_ns", "_us", "_ms", "_s", "_nanos", "_micros", "_millis", "_sec", "_secs")
