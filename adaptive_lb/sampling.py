@@ -1,4 +1,4 @@
-"""Which requests are tracked: all of them while traffic is thin, a 1-in-k sample above
+"""Which requests are tracked: all of them while traffic is thin, a 1-in-k random sample above
 ``tracking.samples_per_host`` tracked requests per local host per second (pure logic, no
 driver import).
 
@@ -7,9 +7,11 @@ costs a busy client its CPU; the plan itself reads in-flight counts from the dri
 and needs no tracking. So :mod:`adaptive_lb.tracking` asks :meth:`Sampler.take` once per
 request, before anything is known about it, and tracks only the requests it picks:
 
-* by count, never by outcome: every k-th request planned by the policy (one C-level
-  ``next()`` and a modulo), so the latencies and error rates of the sample are those of
-  all requests, only fewer of them;
+* at random, never by outcome: each request with probability 1/k, decided before it is
+  sent (a C-level ``next()`` to count it and one ``random()``), so the latencies and
+  error rates of the sample are those of all requests, only fewer of them. Not every k-th
+  request: a client whose requests cycle through the hosts in step with k would then
+  track one host's requests only, or those sent at one phase of its own rhythm;
 * k from the measured request rate: ``k = floor(rate / (samples_per_host x local
   hosts))``, at least 1 -- every request while the policy's traffic is within the budget,
   which is where the thin-traffic judgement needs every answer it can get. The rate is
@@ -26,6 +28,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from random import random
 
 from adaptive_lb.counting import counter_value
 
@@ -62,7 +65,7 @@ class Sampler:
         self.count = itertools.count()
         """Requests planned by the policy and seen by tracking (``next()`` per request)."""
         self.every = 1
-        """k: one request in ``every`` is tracked."""
+        """k: each request is tracked with probability 1 / ``every``."""
         self._last_n = 0
         self._last_ns = now_ns()
 
@@ -70,7 +73,8 @@ class Sampler:
         """Whether the request being sent is tracked (call once per request). Tracking
         inlines the same test; this is its reference form."""
         n = next(self.count)
-        if n % self.every:
+        every = self.every
+        if every > 1 and random() * every >= 1.0:
             return False
         self.picked(n)
         return True

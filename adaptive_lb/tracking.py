@@ -31,6 +31,7 @@ import logging
 import threading
 from collections.abc import Callable
 from functools import partial
+from random import random
 from typing import Any
 
 from cassandra import OperationTimedOut
@@ -272,10 +273,11 @@ class RequestTracker:
             if self.sampling:
                 if policy not in self._sourced:
                     self._adopt(policy)
-                # Sampler.take, inlined: one in `every` requests is tracked, by count.
+                # Sampler.take, inlined: tracked with probability 1 / every.
                 sampler = policy.sampler
                 n = next(sampler.count)
-                if n % sampler.every:
+                every = sampler.every
+                if every > 1 and random() * every >= 1.0:
                     return
                 sampler.picked(n)
             attempts = _Attempts()

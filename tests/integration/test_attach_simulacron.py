@@ -336,7 +336,7 @@ def test_in_flight_is_the_drivers_count_of_the_pool(driver_factory, nodes):
 
 def test_thick_traffic_tracks_a_sample_exactly(driver_factory, nodes):
     """Issue 26: above ``tracking.samples_per_host`` per local host per second, one request
-    in k is tracked, by count; each attempt of those is counted and released once, and no
+    in k is tracked, at random; each attempt of those is counted and released once, and no
     other is. In-flight counts still come from the pools for every request."""
     config = parse_config("policy: {local_rack: null}\ntracking: {samples_per_host: 20}\n")
     policy = adaptive_policy(config)

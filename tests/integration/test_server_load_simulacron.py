@@ -16,7 +16,7 @@ import pytest
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config, instrument
-from adaptive_lb.config import HealthConfig, PolicyConfig, ServerLoadConfig
+from adaptive_lb.config import HealthConfig, PolicyConfig, ServerLoadConfig, TrackingConfig
 from adaptive_lb.server_load import THREAD_POOLS_QUERY
 from tests.integration.simulacron import Simulacron
 
@@ -33,8 +33,11 @@ POOL_TYPES = {
 }
 # Read every 0.5 s, smoothed over 0.5 s: the tests stay short. No learned rack (all racks
 # equally near on loopback, see test_adaptive_simulacron).
+# Every request tracked (samples_per_host 0), so that user counts compare exactly with the
+# attempts the test saw: the reads must be in none of them.
 FAST = Config(
     policy=PolicyConfig(local_rack=None),
+    tracking=TrackingConfig(samples_per_host=0),
     health=HealthConfig(server_load=ServerLoadConfig(interval=0.5, half_life=0.5)),
 )
 
