@@ -48,6 +48,7 @@ if MODE == "gevent":
 
     zope.event.subscribers.append(_blocked)
 
+import collections  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
@@ -180,6 +181,19 @@ def run_asyncio(session, statement, seconds: float, counts: Counts, watch) -> No
     asyncio.run(main())
 
 
+def tracing():
+    """The OpenTelemetry SDK with an in-memory exporter: request spans are made and ended
+    on the reactor's greenlets or threads."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
 def scraped_requests(port: int) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
@@ -194,7 +208,8 @@ def main() -> None:
         TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")), config
     )
     cluster, session = connect_driver([contact], policy, connection_class=connection_class())
-    attachment = adaptive_lb.attach(session)
+    provider, spans = tracing()
+    attachment = adaptive_lb.attach(session, tracer_provider=provider)
     wait_for_pools(session, "dc1")
     statement = session.prepare(QUERY)
     counts = Counts()
@@ -228,6 +243,7 @@ def main() -> None:
         "probes_sent": sum(h.probes_sent_total for h in hosts.values()),
         "probes_answered": sum(h.probes_answered_total for h in hosts.values()),
         "tracked_requests": sum(h.requests_total for h in hosts.values()),
+        "spans": dict(collections.Counter(span.name for span in spans.get_finished_spans())),
         "prometheus_port": attachment.prometheus_port,
         "scraped_requests": scraped_requests(attachment.prometheus_port),
     }
