@@ -66,7 +66,7 @@ QUERY = "SELECT v FROM ks.t WHERE k = ?"
 CONCURRENCY = 8
 CONFIG = """
 policy: {local_rack: null}
-tracking: {window: 2s, intervals: 4}
+tracking: {window: 4s, intervals: 4}
 health: {percentile: 50, refresh_interval: 0.1s, min_samples: 20, slow_start: 1s,
          probe_interval: 0.2s}
 metrics: {prometheus_enabled: true, port: 0}
