@@ -15,6 +15,7 @@ gevent: ``monkey.patch_all()`` comes first, before anything imports ``threading`
 ``__init__`` files would be imported before the patching.
 """
 
+import os
 import sys
 
 MODE = sys.argv[1]
@@ -22,7 +23,6 @@ BLOCKED: list[list[str]] = []
 """gevent: the stacks of the greenlets that held the hub longer than ``max_blocking_time``
 (gevent's monitor thread reports them)."""
 if MODE == "gevent":
-    import os
     import warnings
 
     os.environ["GEVENT_MONITOR_THREAD_ENABLE"] = "1"
@@ -50,7 +50,6 @@ if MODE == "gevent":
 
 import collections  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
 import re  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -74,7 +73,7 @@ metrics: {prometheus_enabled: true, port: 0}
 
 
 def connection_class():
-    if len(sys.argv) > 5:  # experiments: module:Class
+    if len(sys.argv) > 5:  # by hand, module:Class (docs/deployment.md's caveats)
         module, _, name = sys.argv[5].partition(":")
         return getattr(__import__(module, fromlist=[name]), name)
     if MODE == "gevent":

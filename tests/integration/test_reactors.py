@@ -41,18 +41,20 @@ def nodes(simulacron: Simulacron) -> Iterator[dict[str, list[str]]]:
         simulacron.remove_cluster(CLUSTER)
 
 
-def run_worker(mode: str, contact: str, slow: str) -> tuple[dict, dict]:
-    """Run the worker; its report and its last line. Killed by PID if it overruns."""
+def run_worker(mode: str, contact: str, slow: str, log: Path) -> tuple[dict, dict]:
+    """Run the worker; its report and its last line. Killed by PID if it overruns. Its
+    stderr goes to ``log`` (gevent's monitor may write long reports: a pipe could fill)."""
     path = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
-    worker = subprocess.Popen(
-        [sys.executable, "-c", WORKER.read_text(), mode, contact, slow, str(SECONDS)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=env,
-    )
+    with log.open("w") as stderr:
+        worker = subprocess.Popen(
+            [sys.executable, "-c", WORKER.read_text(), mode, contact, slow, str(SECONDS)],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            cwd=ROOT,
+            env=env,
+        )
     try:
         assert worker.stdout is not None
         lines = []
@@ -66,9 +68,8 @@ def run_worker(mode: str, contact: str, slow: str) -> tuple[dict, dict]:
             worker.wait(BOUND)
         except subprocess.TimeoutExpired:
             pytest.fail(f"{mode} worker {worker.pid} did not exit (hung at exit?): {lines}")
-        stderr = worker.stderr.read() if worker.stderr is not None else ""
-        assert worker.returncode == 0, stderr[-3000:]
-        assert len(lines) == 2, stderr[-3000:]
+        assert worker.returncode == 0, log.read_text()[-3000:]
+        assert len(lines) == 2, log.read_text()[-3000:]
         return lines[0], lines[1]
     finally:
         if worker.poll() is None:
@@ -97,7 +98,7 @@ def check(report: dict, slow: str) -> None:
 
 
 @pytest.mark.parametrize("mode", ["gevent", "asyncio"])
-def test_adaptive_lb_works_on_the_reactor(simulacron, nodes, mode):
+def test_adaptive_lb_works_on_the_reactor(simulacron, nodes, mode, tmp_path):
     if mode == "gevent" and importlib.util.find_spec("gevent") is None:
         pytest.skip("gevent is not installed (the dev extra has it)")
     slow = nodes["dc1"][1]
@@ -105,7 +106,7 @@ def test_adaptive_lb_works_on_the_reactor(simulacron, nodes, mode):
     scope = simulacron.scope_of(slow, CLUSTER)
     simulacron.prime(QUERY, **ROWS, delay_ms=delay, scope=scope)
     try:
-        report, end = run_worker(mode, nodes["dc1"][0], slow)
+        report, end = run_worker(mode, nodes["dc1"][0], slow, tmp_path / "stderr.txt")
     finally:
         simulacron.clear_primes("dc1", cluster=CLUSTER)
     # scylla-driver has no gevent reactor: on gevent, its asyncio reactor (a greenlet there).
