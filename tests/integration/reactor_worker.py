@@ -1,12 +1,13 @@
 """A worker process for ``test_reactors.py``: an application on gevent or on asyncio.
 
-``python -c "$(cat reactor_worker.py)" gevent|asyncio CONTACT SLOW_ADDRESS SECONDS``
+``python -c "$(cat reactor_worker.py)" gevent|asyncio CONTACT SLOW_ADDRESS SECONDS DIR``
 connects the real driver with that reactor (gevent: ``GeventConnection``, or on
 scylla-driver, which has none, ``AsyncioConnection``) to a Simulacron cluster (``ks`` and
 ``QUERY`` primed, ``SLOW_ADDRESS`` slowed), wraps
 ``TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1"))`` in adaptive-lb, attaches with
 Prometheus on port 0, runs ``CONCURRENCY`` concurrent callers (greenlets, or asyncio tasks
-awaiting ``execute_async``) for ``SECONDS``, scrapes its own ``/metrics``, prints one
+awaiting ``execute_async``) for ``SECONDS``, halfway rewrites its config file
+(``DIR/adaptive-lb.yaml``, hot reload on), scrapes its own ``/metrics``, prints one
 JSON report, shuts the cluster down and exits.
 
 gevent: ``monkey.patch_all()`` comes first, before anything imports ``threading``,
@@ -69,12 +70,16 @@ tracking: {window: 4s, intervals: 4}
 health: {percentile: 50, refresh_interval: 0.1s, min_samples: 20, slow_start: 1s,
          probe_interval: 0.2s}
 metrics: {prometheus_enabled: true, port: 0}
+reload: {enabled: true, interval: 0.1s}
 """
+RELOADED = CONFIG.replace("probe_interval: 0.2s", "probe_interval: 0.3s")
+"""Written over the attached file halfway: the config watcher's thread (a greenlet under
+gevent) reloads it."""
 
 
 def connection_class():
-    if len(sys.argv) > 5:  # by hand, module:Class (docs/deployment.md's caveats)
-        module, _, name = sys.argv[5].partition(":")
+    if len(sys.argv) > 6:  # by hand, module:Class (docs/deployment.md's caveats)
+        module, _, name = sys.argv[6].partition(":")
         return getattr(__import__(module, fromlist=[name]), name)
     if MODE == "gevent":
         try:
@@ -109,7 +114,7 @@ class Counts:
         counts[host] = counts.get(host, 0) + 1
 
 
-def run_gevent(session, statement, seconds: float, counts: Counts, watch) -> None:
+def run_gevent(session, statement, seconds: float, counts: Counts, watch, halfway) -> None:
     import gevent
 
     deadline = time.monotonic() + seconds
@@ -132,11 +137,11 @@ def run_gevent(session, statement, seconds: float, counts: Counts, watch) -> Non
     callers = [gevent.spawn(caller, i) for i in range(CONCURRENCY)]
     callers.append(gevent.spawn(watcher))
     gevent.sleep(seconds / 2)
-    counts.phase = 1
+    halfway()
     gevent.joinall(callers, timeout=seconds + 30, raise_error=True)
 
 
-def run_asyncio(session, statement, seconds: float, counts: Counts, watch) -> None:
+def run_asyncio(session, statement, seconds: float, counts: Counts, watch, halfway) -> None:
     import asyncio
 
     async def execute(k: int):
@@ -174,7 +179,7 @@ def run_asyncio(session, statement, seconds: float, counts: Counts, watch) -> No
         tasks = [asyncio.create_task(caller(i, deadline)) for i in range(CONCURRENCY)]
         tasks.append(asyncio.create_task(watcher(deadline)))
         await asyncio.sleep(seconds / 2)
-        counts.phase = 1
+        halfway()
         await asyncio.wait_for(asyncio.gather(*tasks), seconds + 30)
 
     asyncio.run(main())
@@ -208,12 +213,22 @@ def main() -> None:
     )
     cluster, session = connect_driver([contact], policy, connection_class=connection_class())
     provider, spans = tracing()
-    attachment = adaptive_lb.attach(session, tracer_provider=provider)
+    path = os.path.join(sys.argv[5] if len(sys.argv) > 5 else ".", "adaptive-lb.yaml")
+    with open(path, "w") as handle:
+        handle.write(CONFIG)
+    attachment = adaptive_lb.attach(session, path, tracer_provider=provider)
     wait_for_pools(session, "dc1")
     statement = session.prepare(QUERY)
     counts = Counts()
     run = run_gevent if MODE == "gevent" else run_asyncio
-    run(session, statement, seconds, counts, lambda: counts.watch(policy, slow))
+
+    def halfway() -> None:
+        counts.phase = 1
+        with open(path + ".new", "w") as handle:
+            handle.write(RELOADED)
+        os.replace(path + ".new", path)
+
+    run(session, statement, seconds, counts, lambda: counts.watch(policy, slow), halfway)
     snapshot = policy.snapshot()
     hosts = {h.address: h for h in snapshot.hosts if h.datacenter == "dc1"}
     measured = counts.by_phase[1]
@@ -242,6 +257,8 @@ def main() -> None:
         "probes_sent": sum(h.probes_sent_total for h in hosts.values()),
         "probes_answered": sum(h.probes_answered_total for h in hosts.values()),
         "tracked_requests": sum(h.requests_total for h in hosts.values()),
+        "config_reloads": snapshot.config_reloads,
+        "probe_interval": policy.config.health.probe_interval,
         "spans": dict(collections.Counter(span.name for span in spans.get_finished_spans())),
         "prometheus_port": attachment.prometheus_port,
         "scraped_requests": scraped_requests(attachment.prometheus_port),

@@ -46,9 +46,10 @@ def run_worker(mode: str, contact: str, slow: str, log: Path) -> tuple[dict, dic
     stderr goes to ``log`` (gevent's monitor may write long reports: a pipe could fill)."""
     path = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    arguments = [str(SECONDS), str(log.parent)]  # (its config file goes there too)
     with log.open("w") as stderr:
         worker = subprocess.Popen(
-            [sys.executable, "-c", WORKER.read_text(), mode, contact, slow, str(SECONDS)],
+            [sys.executable, "-c", WORKER.read_text(), mode, contact, slow, *arguments],
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
@@ -95,6 +96,9 @@ def check(report: dict, slow: str) -> None:
     # greenlets or threads; the last few may still be ending.
     spans = sum(report["spans"].values())
     assert report["requests"] - 8 <= spans <= report["requests"], report["spans"]
+    # The config watcher (a greenlet under gevent) saw the file rewritten halfway.
+    assert report["config_reloads"] == {"success": 1, "failure": 0}
+    assert report["probe_interval"] == 0.3
 
 
 @pytest.mark.parametrize("mode", ["gevent", "asyncio"])
