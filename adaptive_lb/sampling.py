@@ -16,7 +16,7 @@ request, before anything is known about it, and tracks only the requests it pick
   hosts))``, at least 1 -- every request while the policy's traffic is within the budget,
   which is where the thin-traffic judgement needs every answer it can get. The rate is
   re-measured on a picked request once ``RESAMPLE_S`` has passed, so a burst turns sampling
-  on within about a second and a lull turns it off within one picked request;
+  on within a quarter of a second and a lull turns it off within one picked request;
 * ``samples_per_host: 0`` tracks every request (k stays 1).
 
 A host that gets few requests because it is avoided (a SLOW host at 64x penalty) gets few
@@ -34,7 +34,7 @@ from adaptive_lb.counting import counter_value
 
 __all__ = ["RESAMPLE_S", "Sampler", "sample_every"]
 
-RESAMPLE_S = 1.0
+RESAMPLE_S = 0.25
 """Seconds between two measurements of the request rate."""
 
 

@@ -46,8 +46,8 @@ def test_thick_traffic_is_sampled_and_thin_traffic_is_not():
     drive(sampler, clock, 300, 2.0)  # the rate is measured on a picked request
     assert sampler.every == 10
     assert drive(sampler, clock, 300, 3.0) == pytest.approx(90, abs=30)  # 30 a second
-    # A lull turns sampling off at the next picked request (within k requests).
-    drive(sampler, clock, 5, 3.0)
+    # A lull turns sampling off at the next picked request (1 in k of them).
+    drive(sampler, clock, 5, 12.0)
     assert sampler.every == 1
     assert drive(sampler, clock, 5, 2.0) == 10
 
@@ -70,12 +70,12 @@ def test_the_sample_is_random_so_no_rhythm_of_the_client_aliases_with_it():
 def test_turning_sampling_off_tracks_every_request_at_once():
     clock = ManualClock()
     sampler = Sampler(1.0, lambda: 1, clock.now_ns)
-    drive(sampler, clock, 100, 2 * RESAMPLE_S)
+    drive(sampler, clock, 100, 4 * RESAMPLE_S)
     assert sampler.every > 1
     sampler.configure(0.0)
     assert sampler.every == 1
-    assert drive(sampler, clock, 100, 2 * RESAMPLE_S) == 200
-    assert sampler.requests == 400
+    assert drive(sampler, clock, 100, 2.0) == 200
+    assert sampler.requests == 100 * 4 * RESAMPLE_S + 200
 
 
 def test_in_flight_comes_from_the_sources_when_there_are_any():
