@@ -12,6 +12,7 @@ import importlib.metadata
 import inspect
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import cassandra.cluster
@@ -27,6 +28,7 @@ from cassandra.policies import (
     TokenAwarePolicy,
     WhiteListRoundRobinPolicy,
 )
+from cassandra.pool import HostConnection
 
 try:  # scylla-driver only
     from cassandra.policies import RackAwareRoundRobinPolicy
@@ -41,8 +43,8 @@ __all__ = [
     "cluster_is_open",
     "driver_release",
     "is_tracked",
+    "pool_in_flight_reader",
     "pool_problems",
-    "read_pool_in_flight",
     "session_pools",
     "tablets_of",
     "tracking_problems",
@@ -371,30 +373,42 @@ def session_pools(session: Any) -> dict[Any, Any]:
     return pools
 
 
-def read_pool_in_flight(pools: dict[Any, Any], host: Any) -> int:
-    """Requests in flight on ``host``'s pool of one session, as the driver counts them.
+def _single_in_flight(pools: dict[Any, Any], host: Any) -> int:
+    # cassandra-driver: one connection, a class attribute (None while it is replaced).
+    pool = pools.get(host)
+    if pool is None:
+        return 0
+    connection = pool._connection
+    return 0 if connection is None else connection.in_flight
+
+
+def _sharded_in_flight(pools: dict[Any, Any], host: Any) -> int:
+    # scylla-driver: one connection per shard (no _connection attribute: a getattr with a
+    # default would raise and catch AttributeError on every read).
+    pool = pools.get(host)
+    if pool is None:
+        return 0
+    total = 0
+    for connection in pool._connections.values():
+        total += connection.in_flight
+    return total
+
+
+def pool_in_flight_reader(session: Any) -> Callable[[Any], int]:
+    """``host -> requests in flight`` on ``session``'s pool of that host, as the driver
+    counts them.
 
     Each connection's ``in_flight`` rises when an attempt borrows a stream and falls when
     its response is processed or, for a request the client gave up on, when the server's
     late answer releases the orphaned stream: retries, speculative executions, probes and
     the driver's own requests on the connection (heartbeats, ``USE``) all count. One
-    connection per host on cassandra-driver (``_connection``), one per shard on
-    scylla-driver (``_connections``); a replaced connection waiting for its last answers
-    (``_trash``) is no longer counted. No pool (a host down, ignored or not yet
-    connected): 0."""
-    pool = pools.get(host)
-    if pool is None:
-        return 0
-    connection = getattr(pool, "_connection", None)
-    if connection is not None:
-        return connection.in_flight
-    connections = getattr(pool, "_connections", None)
-    if not connections:
-        return 0
-    total = 0
-    for connection in connections.values():
-        total += connection.in_flight
-    return total
+    connection per host on cassandra-driver (``_connection``, a class attribute), one per
+    shard on scylla-driver (``_connections``), told apart once, here; a replaced connection
+    waiting for its last answers (``_trash``) is no longer counted. No pool (a host down,
+    ignored or not yet connected): 0."""
+    pools = session_pools(session)
+    single = "_connection" in vars(HostConnection)
+    return partial(_single_in_flight if single else _sharded_in_flight, pools)
 
 
 def pool_problems(session: Any) -> list[str]:

@@ -2,7 +2,7 @@
 from (no driver import).
 
 One registry per policy. Request tracking adds an in-flight source per session it tracks
-(reading the driver's pools, :func:`adaptive_lb._driver.read_pool_in_flight`); every host's
+(reading the driver's pools, :func:`adaptive_lb._driver.pool_in_flight_reader`); every host's
 ``in_flight`` is then the sum of the sources for its key, live, and the attempts counted on
 the host again once no source is left.
 """

@@ -30,7 +30,6 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
-from functools import partial
 from random import random
 from typing import Any
 
@@ -46,9 +45,8 @@ from adaptive_lb._driver import (
     FUTURE_POLICY_ATTRIBUTE,
     driver_release,
     hook_future,
+    pool_in_flight_reader,
     pool_problems,
-    read_pool_in_flight,
-    session_pools,
     tracking_problems,
 )
 from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
@@ -242,7 +240,7 @@ class RequestTracker:
         if self.pool_problems:
             _warn_unknown_driver(self.pool_problems, "in-flight counts")
         else:
-            self._in_flight_source = partial(read_pool_in_flight, session_pools(session))
+            self._in_flight_source = pool_in_flight_reader(session)
         self.sampling = self._in_flight_source is not None
         session.add_request_init_listener(self._on_request)
         for policy in self.policies:

@@ -2,7 +2,7 @@
 client on the virtual clock, so that the simulator drives the same rules as production:
 
 * :class:`PoolCounts` -- the driver's in-flight count of each host's connection pool
-  (:func:`adaptive_lb._driver.read_pool_in_flight`), given to the policy as its in-flight
+  (:func:`adaptive_lb._driver.pool_in_flight_reader`), given to the policy as its in-flight
   source (``policy.stats.add_in_flight_source``): an attempt (or probe) counts from its
   send until *the node* answers it. An attempt the client timed out on stays counted until
   the simulated node's late answer arrives (the driver's orphaned stream), so a stalled

@@ -312,7 +312,7 @@ def test_a_driver_release_tracking_does_not_know_is_left_alone(
 
 def test_in_flight_is_the_drivers_count_of_the_pool(driver_factory, nodes):
     """Issue 26: the score's in-flight is read from the session's pools (the contract test of
-    ``_driver.read_pool_in_flight`` on a live session, both drivers). Requests that timed
+    ``_driver.pool_in_flight_reader`` on a live session, both drivers). Requests that timed
     out on the client stay in flight there -- their streams are orphaned until the server
     answers, and they load it meanwhile -- while tracking has released its own count."""
     policy = adaptive_policy()
