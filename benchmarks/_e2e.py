@@ -112,6 +112,8 @@ VARIANTS = {
     "on it",
     "stock-otel": "stock + the same parent span per request (what the span alone costs)",
     "adaptive-untracked": "diagnostic: adaptive without instrument() (its plan alone)",
+    "adaptive-every": "diagnostic: adaptive with tracking.samples_per_host 0 (every request "
+    "tracked, as before sampling)",
     "stock-hooked": "diagnostic: stock, each future hooked as tracking does, attempts ignored "
     "(what the hook alone costs)",
     "stock-listener": "diagnostic: stock with a request-init listener that does nothing",
@@ -162,8 +164,13 @@ class Variant:
         # does not).
         shuffle = {"shuffle_replicas": True} if name == "stock-shuffled" else {}
         child = TokenAwarePolicy(DCAwareRoundRobinPolicy(DC), **shuffle)
+        config = None
+        if name == "adaptive-every":
+            from adaptive_lb.config import Config, TrackingConfig
+
+            config = Config(tracking=TrackingConfig(samples_per_host=0))
         self.policy: Any = (
-            AdaptiveLoadBalancingPolicy(child, tracer_provider=self.provider)
+            AdaptiveLoadBalancingPolicy(child, config, tracer_provider=self.provider)
             if self.adaptive
             else child
         )
