@@ -25,8 +25,9 @@ Variants, each with its own Cluster and Session created once up front and warmed
   from the cost of recording the decision on it.
 
 Diagnostic variants (not run by default; they split ``adaptive``'s cost): ``adaptive-untracked``
-(the plan without tracking), ``adaptive-every`` (every request tracked: no sampling), ``stock-tracked`` (stock routing, attempts tracked into a side
-policy's statistics), ``stock-hooked`` (futures hooked, attempts ignored),
+(the plan without tracking), ``adaptive-every`` (every request tracked: no sampling),
+``stock-tracked`` (stock routing, attempts tracked into a side policy's statistics),
+``stock-hooked`` (futures hooked, attempts ignored),
 ``stock-listener`` (a request-init listener doing nothing), ``stock-reclassed`` (the hook's
 attribute and class switch, no overridden method) and ``stock-shuffled``
 (``shuffle_replicas=True``).
