@@ -14,11 +14,8 @@ The SDK-based pieces live in :mod:`~adaptive_lb.exporters.span_processor`
 
 from adaptive_lb.exporters.otel_metrics import register_otel_metrics, unregister_otel_metrics
 from adaptive_lb.exporters.otlp import setup_tracing
-from adaptive_lb.exporters.prometheus import (
-    AdaptiveLbCollector,
-    PrometheusServer,
-    start_prometheus_server,
-)
+from adaptive_lb.exporters.prometheus import AdaptiveLbCollector
+from adaptive_lb.exporters.prometheus_server import PrometheusServer, start_prometheus_server
 from adaptive_lb.exporters.setup import Exporters, start_exporters
 from adaptive_lb.exporters.span_counts import SpanExportTotals, span_export_totals
 

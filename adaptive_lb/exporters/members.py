@@ -14,7 +14,17 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Members"]
+__all__ = ["Members", "policy_list"]
+
+
+def policy_list(policies: Any) -> list[Any]:
+    """The policies an exporter call was given: a policy (anything with ``snapshot()``), or
+    a list, tuple or other iterable of them."""
+    if isinstance(policies, (list, tuple)):
+        return list(policies)
+    if hasattr(policies, "snapshot"):
+        return [policies]
+    return list(policies)
 
 
 class Members:

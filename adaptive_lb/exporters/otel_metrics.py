@@ -46,7 +46,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from adaptive_lb import forks
-from adaptive_lb.exporters.members import Members
+from adaptive_lb.exporters.members import Members, policy_list
 from adaptive_lb.exporters.span_counts import DROP_REASONS, span_export_totals
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.snapshot import take_snapshot
@@ -104,7 +104,7 @@ def register_otel_metrics(
     already another policy's raises ``ValueError``), told apart by the ``policy`` attribute,
     until :func:`unregister_otel_metrics` removes them.
     """
-    policies = _policy_list(policy)
+    policies = policy_list(policy)
     with _lock:
         key = _GLOBAL if meter_provider is None else meter_provider
         instruments = _by_provider.get(key)
@@ -121,11 +121,7 @@ def unregister_otel_metrics(policy: Any | Sequence[Any], meter_provider: Any | N
         key = _GLOBAL if meter_provider is None else meter_provider
         instruments = _by_provider.get(key)
         if instruments is not None:
-            instruments.members.remove(_policy_list(policy))
-
-
-def _policy_list(policy: Any | Sequence[Any]) -> list[Any]:
-    return list(policy) if isinstance(policy, (list, tuple)) else [policy]
+            instruments.members.remove(policy_list(policy))
 
 
 def _create_instruments(members: Members, meter_provider: Any | None) -> list[Any]:

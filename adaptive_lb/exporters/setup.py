@@ -16,9 +16,10 @@ from attrs import define, field
 from prometheus_client import CollectorRegistry
 
 from adaptive_lb.config import Config, MetricsConfig
+from adaptive_lb.exporters.members import policy_list
 from adaptive_lb.exporters.otel_metrics import register_otel_metrics, unregister_otel_metrics
 from adaptive_lb.exporters.otlp import setup_tracing
-from adaptive_lb.exporters.prometheus import _policies, start_prometheus_server
+from adaptive_lb.exporters.prometheus_server import start_prometheus_server
 
 __all__ = ["Exporters", "start_exporters"]
 
@@ -102,7 +103,7 @@ def start_exporters(
     the lowest free ``"0"``, ``"1"``, ...). The tracer provider is returned, not made
     global: the caller decides (``opentelemetry.trace.set_tracer_provider``, or the
     policy's ``tracer_provider=``)."""
-    policies = _policies(policies)
+    policies = policy_list(policies)
     exporters = Exporters()
     try:
         if config.tracing.enabled and config.tracing.otlp.endpoint:
