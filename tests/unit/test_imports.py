@@ -6,6 +6,9 @@
   (``from adaptive_lb import ...``: its public names) is not an edge.
 * A module that says it is pure logic ("no driver import", "pure logic" in its docstring)
   reaches no driver module, directly or through the modules it imports.
+* The layers drawn in docs/design.md ("Where it lives") are the imports' own: every module
+  of the library is in a row, imports nothing from a row above its own, and no module of
+  the library imports a tool (the simulator, the peers, the CLI and its commands).
 """
 
 from __future__ import annotations
@@ -14,7 +17,15 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "adaptive_lb"
+DESIGN = PACKAGE.parent / "docs" / "design.md"
 DRIVER_MODULES = ("cassandra",)
+TOOLS = frozenset(
+    ("sim", "peers", "cli", "cli_format", "bench", "loadtest", "loadtest_cli", "sandbox")
+)
+"""The tools around the library (second component of their module names), and
+``__main__``, which runs the CLI."""
+LEFT_COLUMN = 38
+"""Width of the module column of the layer drawing in docs/design.md."""
 
 
 def module_name(path: Path) -> str:
@@ -138,3 +149,47 @@ def test_pure_modules_reach_no_driver_module():
             if imported.split(".")[0] in DRIVER_MODULES
         )
         assert driver == [], name
+
+
+def design_layers() -> list[list[str]]:
+    """The rows of the layer drawing of docs/design.md, top first: the module names of each
+    (a line indented by two spaces continues the row above)."""
+    block = DESIGN.read_text(encoding="utf-8").split("## Where it lives", 1)[1]
+    drawing = block.split("```", 2)[1]
+    rows: list[list[str]] = []
+    for line in drawing.splitlines():
+        names = [name.rstrip("/") for name in line[:LEFT_COLUMN].split()]
+        if not names:
+            continue
+        if line.startswith("  "):
+            rows[-1].extend(names)
+        else:
+            rows.append(names)
+    return rows
+
+
+def test_the_layers_of_the_design_are_the_imports():
+    edges, _ = import_graph()
+    rows = design_layers()
+    assert len(rows) >= 5 and "policy" in rows[0]
+    rank = {name: i for i, row in enumerate(rows) for name in row}
+
+    def part(module: str) -> str:
+        return module.split(".")[1] if "." in module else ""
+
+    library = {m for m in edges if part(m) and part(m) not in TOOLS and part(m) != "__main__"}
+    assert sorted({part(m) for m in library} - set(rank)) == []  # every module drawn
+    upward = sorted(
+        f"{module} imports {imported}"
+        for module in library
+        for imported in edges[module]
+        if part(imported) in rank and rank[part(imported)] < rank[part(module)]
+    )
+    assert upward == []
+    into_tools = sorted(
+        f"{module} imports {imported}"
+        for module in library
+        for imported in edges[module]
+        if part(imported) in TOOLS
+    )
+    assert into_tools == []
