@@ -47,12 +47,13 @@ from attrs import evolve
 from cassandra.policies import LoadBalancingPolicy
 
 from adaptive_lb import forks
-from adaptive_lb._driver import LOCAL_DISTANCES, analyse_child, cluster_is_open
+from adaptive_lb._driver import analyse_child
 from adaptive_lb.clock import SYSTEM_CLOCK, Clock
 from adaptive_lb.config import Config
 from adaptive_lb.counting import counter_value, new_counter
 from adaptive_lb.errors import ErrorLog
 from adaptive_lb.health import HealthModel
+from adaptive_lb.membership import Membership
 from adaptive_lb.planner import DECISION_POSITIONS, Planner, PlanRecord, PlanSettings
 from adaptive_lb.refresher import HealthRefresh
 from adaptive_lb.replicas import ReplicaCache, ReplicaResolver
@@ -68,12 +69,6 @@ from adaptive_lb.tracking_watch import TrackingWatch
 __all__ = ["DECISION_POSITIONS", "AdaptiveLoadBalancingPolicy"]
 
 log = logging.getLogger("adaptive_lb.policy")
-
-_STARTUP_GRACE_NS = 5 * 1_000_000_000
-"""Hosts added within this long of ``populate`` do not start WARMING."""
-_BLIP_NS = 1_000_000_000
-"""A host down for less than this (the driver bounces the contact point while connecting)
-does not start WARMING when it comes back."""
 
 
 class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
@@ -129,10 +124,16 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
             PlanSettings.of(self._config, self._chain),
             lambda: self.errors.record("plan", "the child's plan is used instead"),
         )
-        self._metadata: Any = None
-        self._cluster: Any = None
-        self._populated_ns: int | None = None
-        self._down_since: dict[int, int] = {}
+        self._membership = Membership(
+            child,
+            self._book,
+            self.stats,
+            self.health,
+            self._clock,
+            self._planner,
+            self._refresh,
+            lambda: self._config.policy.replica_cache_size,
+        )
         self.decisions = DecisionRecorder(self._config, tracer_provider, self.errors.record)
         """Where decisions are recorded (tracer, ratio, hand-over to request spans)."""
         self.sampler = Sampler(
@@ -143,7 +144,6 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         """Which of this policy's requests request tracking tracks (:mod:`adaptive_lb.sampling`)."""
         self._untracked_attempts = new_counter()
         self._tracking = TrackingWatch(self._clock, log)
-        self._unknown_host_events = new_counter()
         self._reload_lock = threading.Lock()
         self.config_reloads = {"success": 0, "failure": 0}
         """Reloads through :meth:`reload`, by result."""
@@ -233,7 +233,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
     def unknown_host_events(self) -> int:
         """``on_up`` / ``on_down`` for hosts this policy does not know (never added, or
         already removed): ignored here (and ``on_up`` is not passed to the child)."""
-        return counter_value(self._unknown_host_events)
+        return counter_value(self._membership.unknown_host_events)
 
     @property
     def request_tracking(self) -> bool:
@@ -296,32 +296,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         for a second cluster while the first is still open raises ``ValueError`` (its plans
         would mix the two clusters' hosts). Once the first cluster is shut down (or
         garbage-collected) the policy may be reused for another one."""
-        hosts = list(hosts)
-        with self._book.lock:
-            self._check_one_cluster(cluster)
-            self._child.populate(cluster, hosts)
-            if self._populated_ns is None:
-                self._populated_ns = self._clock.now_ns()
-            if self._metadata is not cluster.metadata or self._planner.resolver is None:
-                self._planner.resolver = ReplicaResolver(
-                    cluster.metadata, self._config.policy.replica_cache_size
-                )
-            self._cluster = cluster
-            self._metadata = cluster.metadata
-            self._down_since.clear()
-            for host in self._book.reset(hosts):
-                self.stats.remove(host)
-                self.health.forget(host)
-
-    def _check_one_cluster(self, cluster: Any) -> None:
-        previous = self._cluster
-        if previous is None or self._metadata is cluster.metadata:
-            return
-        if cluster_is_open(previous):
-            raise ValueError(
-                "this AdaptiveLoadBalancingPolicy already serves another Cluster that is "
-                "still open; give each Cluster its own policy object"
-            )
+        self._membership.populate(cluster, hosts)
 
     def distance(self, host: Any) -> int:
         """The child's distance."""
@@ -339,55 +314,21 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         not passed to the child: a late up event must not bring a removed host back (the
         stock DCAwareRoundRobinPolicy would add it to its plans again). Counted in
         :attr:`unknown_host_events`."""
-        if not self._book.knows(host):
-            next(self._unknown_host_events)
-            return
-        self._child.on_up(host)
-        was_live = self._book.is_live(host)
-        down_since = self._down_since.pop(id(host), None)
-        if not self._book.set_live(host, True, known_only=True) or was_live:
-            return
-        if down_since is not None:
-            # A real outage (not the contact point's bounce while the driver connects).
-            if self._clock.now_ns() - down_since >= _BLIP_NS:
-                self.health.mark_up(host, self.stats.get(host))
-        else:
-            self._maybe_warm_up(host)
+        self._membership.on_up(host)
 
     def on_down(self, host: Any) -> None:
         """Tell the child, then mark the host not live in the snapshot (a host this policy
         does not know is counted in :attr:`unknown_host_events` and ignored)."""
-        self._child.on_down(host)
-        if not self._book.set_live(host, False, known_only=True):
-            next(self._unknown_host_events)
-            return
-        self._down_since.setdefault(id(host), self._clock.now_ns())
+        self._membership.on_down(host)
 
     def on_add(self, host: Any) -> None:
         """Tell the child, then add the host (live, like the stock policies do); a host
         joining a cluster in service starts WARMING."""
-        self._child.on_add(host)
-        known = self._book.knows(host)
-        self._book.set_live(host, True)
-        if not known:
-            self._maybe_warm_up(host)
-
-    def _maybe_warm_up(self, host: Any) -> None:
-        # While the driver connects it adds every host: nothing is being stampeded yet, so
-        # no slow start for hosts that appear then.
-        populated = self._populated_ns
-        if populated is not None and self._clock.now_ns() - populated >= _STARTUP_GRACE_NS:
-            self.health.mark_up(host, self.stats.get(host))
+        self._membership.on_add(host)
 
     def on_remove(self, host: Any) -> None:
         """Tell the child, then forget the host and free its statistics."""
-        self._child.on_remove(host)
-        with self._book.lock:
-            self._down_since.pop(id(host), None)
-            self._book.remove(host)
-            # Under the lock: an on_add of the same host right after must find it gone.
-            self.stats.remove(host)
-        self.health.forget(host)  # after the removal is published: see HealthModel.refresh
+        self._membership.on_remove(host)
 
     def refresh_topology(self) -> None:
         """Rebuild the snapshot from scratch: call it after changing something the child's
@@ -396,27 +337,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
 
     def _view(self, host: Any, live: bool) -> HostView[HostStats]:
         # The view of ``host`` in a new snapshot (called by the book, under its lock).
-        settings = self._planner.settings
-        distance = self._child.distance(host)
-        rack = host.rack
-        # Configured, the child's, or learned (adaptive_lb.locality).
-        local_rack = self._book.local_rack.configure(
-            settings.local_rack, settings.local_rack_source, settings.rack_learning
-        )
-        rack_penalty = 1.0
-        if local_rack is not None and rack != local_rack:
-            rack_penalty = settings.non_local_rack_penalty
-        stats = self.stats.get(host)
-        stats.rack_penalty = self._refresh.rack_factor(rack_penalty, rack)
-        return HostView(
-            host=host,
-            stats=stats,
-            datacenter=host.datacenter,
-            rack=rack,
-            is_local=distance in LOCAL_DISTANCES,
-            live=live,
-            rack_penalty=rack_penalty,
-        )
+        return self._membership.view(host, live)
 
     # ------------------------------------------------------------------ health
 
