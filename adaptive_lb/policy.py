@@ -1,8 +1,9 @@
 """AdaptiveLoadBalancingPolicy: the driver-facing weighted least-loaded policy.
 
 This module is the driver contract and the wiring; the algorithm is
-:mod:`adaptive_lb.planner`, the host bookkeeping :class:`~adaptive_lb.topology.TopologyBook`,
-the health refresh :mod:`adaptive_lb.refresher`.
+:mod:`adaptive_lb.planner`, the driver's topology events :mod:`adaptive_lb.membership`, the
+host bookkeeping :class:`~adaptive_lb.topology.TopologyBook`, the health refresh
+:mod:`adaptive_lb.refresher`.
 
 It wraps any driver ``LoadBalancingPolicy`` (the *child*). The child still decides which
 hosts are eligible and at what distance; this policy decides in which order the best few
