@@ -40,7 +40,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from random import random
+from random import Random, random
 from time import time_ns
 from typing import Any
 
@@ -363,16 +363,24 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy):
         self._refresh.stop()
 
     def use_prober(
-        self, send: Any | None, replacing: Any | None = None, read_load: Any | None = None
+        self,
+        send: Any | None,
+        replacing: Any | None = None,
+        read_load: Any | None = None,
+        rng: Random | None = None,
     ) -> None:
         """Send active probes with ``send(order)`` after each health refresh (None: stop),
         and server-load reads with ``read_load(order)`` (:mod:`adaptive_lb.server_load`).
         With ``replacing``, only if that is the sender in place (a closing session must
-        not stop another's). :class:`adaptive_lb.prober.Prober` calls it."""
+        not stop another's). ``rng``: draw the probes' jitter and the server-load
+        thresholds from it (the simulator seeds one; default: unseeded).
+        :class:`adaptive_lb.prober.Prober` calls it."""
         refresh = self._refresh
         with self._book.lock:
             if replacing is not None and refresh.probe_sender is not replacing:
                 return
+            if rng is not None:
+                refresh.seed(rng)
             refresh.probe_sender = send
             refresh.load_reader = read_load if send is not None else None
             self.health.probing = send is not None

@@ -57,6 +57,13 @@ class HealthRefresh:
         sender; None: none (every host's ``server_load`` factor stays 1)."""
         self._load_rng = random.Random()
 
+    def seed(self, rng: random.Random) -> None:
+        """Draw the probes' jitter and the server-load thresholds from ``rng``."""
+        self.scheduler = ProbeScheduler(rng)
+        # A stream of its own, derived without drawing from ``rng``: the probes' jitter
+        # stays what it was without server-load reads.
+        self._load_rng = random.Random(repr(rng.getstate()))
+
     def refresh(self) -> list[HealthTransition]:
         """Refresh now (waits for a refresh in progress); the health transitions."""
         stats, groups = self.inputs()

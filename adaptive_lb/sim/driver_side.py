@@ -28,7 +28,7 @@ import random
 from typing import Any
 
 from adaptive_lb.probe_record import ANSWERED, FAILED, TIMEOUT
-from adaptive_lb.probes import ProbeOrder, ProbeScheduler
+from adaptive_lb.probes import ProbeOrder
 from adaptive_lb.sim.engine import NS_PER_S, Engine
 from adaptive_lb.sim.node import DROPPED, FAILED_FAST, Node
 from adaptive_lb.sim.servers import SimulatedServers
@@ -160,8 +160,6 @@ def attach_driver_side(
     probe scheduler jittered from ``rng`` (so a run stays a function of its seed)."""
     pools = PoolCounts()
     policy.stats.add_in_flight_source(pools)
-    # The policy's own scheduler jitters from an unseeded Random: same rules, seeded.
-    policy._refresh.scheduler = ProbeScheduler(rng)
     prober = SimProber(policy, zone, servers, pools)
-    policy.use_prober(prober.send)
+    policy.use_prober(prober.send, rng=rng)  # the same rules, seeded
     return pools, prober
