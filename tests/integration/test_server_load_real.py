@@ -37,8 +37,11 @@ from tests.integration.test_real_cassandra import (
 
 pytestmark = pytest.mark.integration
 
+# Every request tracked (samples_per_host 0): the user counts compare exactly with the
+# attempts the test saw, which the reads must be in none of.
 READS = attrs.evolve(
     FAST_NO_RACK,
+    tracking=attrs.evolve(FAST_NO_RACK.tracking, samples_per_host=0),
     health=attrs.evolve(
         FAST_NO_RACK.health,
         # threshold 0: any excess counts, so that a moderate queue on two shared cores
