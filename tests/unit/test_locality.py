@@ -13,15 +13,13 @@ from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import (
     HealthConfig,
     PolicyConfig,
-    PrivacyConfig,
     RackLearningConfig,
-    TracingConfig,
 )
 from adaptive_lb.health import HealthState
 from adaptive_lb.locality import LocalRack, RackLearner, resolve_local_rack
 from adaptive_lb.planner import PlanRecord
 from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
-from adaptive_lb.tracing import DecisionTracer, build_decision
+from tests.unit.test_tracing import decision_attributes
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -299,21 +297,7 @@ def test_a_moved_client_relearns_its_new_rack():
 
 
 def test_the_decision_record_says_whether_the_rack_was_learned_or_configured():
-    tracer = DecisionTracer(TracingConfig(), PrivacyConfig())
-
-    def attributes(record: PlanRecord) -> dict[str, object]:
-        decision, _ = build_decision(
-            record,
-            [],
-            "ks",
-            None,
-            non_replica_penalty=12.0,
-            config_hash="h",
-            routing_keys=False,
-            pop_transition=lambda host: None,
-        )
-        return tracer.attributes(decision)
-
+    attributes = decision_attributes
     learned = attributes(PlanRecord(local_rack="r1", local_rack_source="learned"))
     assert learned["adaptive_lb.local_rack"] == "r1"
     assert learned["adaptive_lb.local_rack.source"] == "learned"

@@ -22,6 +22,7 @@ from adaptive_lb.probe_record import ANSWERED, FAILED, TIMEOUT, UNSENT, ProbeRec
 from adaptive_lb.prober import Prober, outcome_of_exception
 from adaptive_lb.probes import JITTER, ProbeScheduler
 from adaptive_lb.stats import HostStats
+from tests.unit.prober_standins import StandInPolicy, StandInSession
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -321,45 +322,10 @@ def test_a_probe_outcome_from_what_the_driver_delivered(exc, outcome):
     assert outcome_of_exception(exc) == outcome
 
 
-class _Future:
-    def __init__(self) -> None:
-        self.callbacks: Any = None
-
-    def add_callbacks(self, callback, errback, callback_args=(), errback_args=()):
-        self.callbacks = (callback, errback, callback_args, errback_args)
-
-
-class _Session:
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, Any, Any]] = []
-        self.future = _Future()
-
-    def execute_async(self, statement, timeout=None, host=None):
-        self.calls.append((statement, timeout, host))
-        return self.future
-
-
-class _Policy:
-    def __init__(self) -> None:
-        self.clock = ManualClock(0)
-        self.now_ns = self.clock.now_ns
-        self.config = type("C", (), {"health": HealthConfig()})()
-        self.sender: Any = None
-        self.errors: list[str] = []
-
-    def use_prober(self, send, replacing=None, read_load=None):
-        if replacing is None or self.sender is replacing:
-            self.sender = send
-            self.read_load = read_load if send is not None else None
-
-    def record_error(self, stage, what):
-        self.errors.append(stage)
-
-
 def test_the_sender_targets_one_host_with_the_probe_timeout_and_counts_the_answer():
     from adaptive_lb.probes import PROBE_QUERY, ProbeOrder
 
-    session, policy = _Session(), _Policy()
+    session, policy = StandInSession(), StandInPolicy()
     prober = Prober(session, [policy]).start()
     stats = HostStats(TrackingConfig(), policy.clock)
     policy.sender(ProbeOrder("host-a", stats, "test", S))

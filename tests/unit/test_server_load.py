@@ -31,6 +31,7 @@ from adaptive_lb.server_load import (
 )
 from adaptive_lb.stats import HostStats
 from adaptive_lb.tracing import CANDIDATES_ATTRIBUTE
+from tests.unit.prober_standins import StandInPolicy, StandInSession
 from tests.unit.test_tracing import candidates_of
 
 MS = 1_000_000
@@ -218,43 +219,6 @@ def test_an_empty_answer_or_a_refusal_means_no_table_remembered():
     assert supports_thread_pools(None) is None and supports_thread_pools("dev") is None
 
 
-class _Future:
-    def __init__(self) -> None:
-        self.callbacks: Any = None
-
-    def add_callbacks(self, callback, errback, callback_args=(), errback_args=()):
-        self.callbacks = (callback, errback, callback_args, errback_args)
-
-
-class _Session:
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, Any, Any]] = []
-        self.future = _Future()
-
-    def execute_async(self, statement, timeout=None, host=None):
-        self.calls.append((statement, timeout, host))
-        self.future = _Future()
-        return self.future
-
-
-class _Policy:
-    def __init__(self) -> None:
-        self.clock = ManualClock(0)
-        self.now_ns = self.clock.now_ns
-        self.config = type("C", (), {"health": HealthConfig()})()
-        self.sender: Any = None
-        self.read_load: Any = None
-        self.errors: list[str] = []
-
-    def use_prober(self, send, replacing=None, read_load=None):
-        if replacing is None or self.sender is replacing:
-            self.sender = send
-            self.read_load = read_load if send is not None else None
-
-    def record_error(self, stage, what):
-        self.errors.append(stage)
-
-
 class _Host:
     def __init__(self, release_version: str | None) -> None:
         self.release_version = release_version
@@ -271,7 +235,7 @@ class _Host:
 def test_the_sender_reads_one_host_and_counts_what_came_back(exc: Exception, absent: bool):
     from adaptive_lb.server_load import LoadOrder
 
-    session, policy = _Session(), _Policy()
+    session, policy = StandInSession(), StandInPolicy()
     prober = Prober(session, [policy]).start()
     old, new = _Host("3.0.8"), _Host("5.0.6")
     stats_old, stats_new = (

@@ -299,22 +299,24 @@ def test_decision_positions_match_the_counters():
     assert counted == {p: recorded.count(p) for p in set(recorded)}
 
 
+def decision_attributes(record: PlanRecord) -> dict[str, object]:
+    """The span attributes of the decision made of ``record`` alone (no host yielded),
+    with the default tracing and privacy settings."""
+    decision, _ = build_decision(
+        record,
+        [],
+        "ks",
+        None,
+        non_replica_penalty=12.0,
+        config_hash="h",
+        routing_keys=False,
+        pop_transition=lambda host: None,
+    )
+    return DecisionTracer(TracingConfig(), PrivacyConfig()).attributes(decision)
+
+
 def test_flags_are_recorded_when_raised():
-    tracer = DecisionTracer(TracingConfig(), PrivacyConfig())
-
-    def attributes(record: PlanRecord) -> dict:
-        decision, _ = build_decision(
-            record,
-            [],
-            "ks",
-            None,
-            non_replica_penalty=12.0,
-            config_hash="h",
-            routing_keys=False,
-            pop_transition=lambda host: None,
-        )
-        return tracer.attributes(decision)
-
+    attributes = decision_attributes
     plain = attributes(PlanRecord(position="replica"))
     assert not {"adaptive_lb.lwt", "adaptive_lb.fallback", "adaptive_lb.enabled"} & set(plain)
     raised = attributes(PlanRecord(lwt=True, fallback=True, enabled=False))
