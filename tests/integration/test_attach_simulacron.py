@@ -314,8 +314,9 @@ def test_in_flight_is_the_drivers_count_of_the_pool(driver_factory, nodes):
     """Issue 26: the score's in-flight is read from the session's pools (the contract test of
     ``_driver.pool_in_flight_reader`` on a live session, both drivers). Requests that timed
     out on the client stay in flight there -- their streams are orphaned until the server
-    answers, and they load it meanwhile -- while tracking has released its own count."""
-    policy = adaptive_policy()
+    answers, and they load it meanwhile -- while tracking has released its own count.
+    Probes are off: one sent to the suspected host would be in flight on the same pool."""
+    policy = adaptive_policy(parse_config("health: {probe_interval: 0}\n"))
     _, session = driver_factory(policy, contact_points=[nodes[0]])
     tracker = adaptive_lb.instrument(session)
     assert tracker.sampling and not tracker.pool_problems
