@@ -14,10 +14,14 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "adaptive_lb"
-DESIGN = PACKAGE.parent / "docs" / "design.md"
+# The package being tested: the checkout's, or the one installed from a wheel (CI).
+_SPEC = importlib.util.find_spec("adaptive_lb")
+assert _SPEC is not None and _SPEC.submodule_search_locations
+PACKAGE = Path(next(iter(_SPEC.submodule_search_locations))).resolve()
+DESIGN = Path(__file__).resolve().parents[2] / "docs" / "design.md"
 DRIVER_MODULES = ("cassandra",)
 TOOLS = frozenset(
     ("sim", "peers", "cli", "cli_format", "bench", "loadtest", "loadtest_cli", "sandbox")

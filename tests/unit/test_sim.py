@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import adaptive_lb
 from adaptive_lb.config import ConfigError
 from adaptive_lb.probes import ProbeOrder
 from adaptive_lb.sampling import Sampler
@@ -23,7 +24,7 @@ from adaptive_lb.sim.runner import run_policy
 from adaptive_lb.sim.scenario import NodesSpec, load_scenario, parse_scenario, scenario_dir
 from adaptive_lb.sim.workload import SUCCEEDED, TIMED_OUT, Client
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "adaptive_lb" / "data" / "scenarios"
+SCENARIOS = Path(adaptive_lb.__file__).resolve().parent / "data" / "scenarios"  # as installed
 MS = 1_000_000
 S = 1_000_000_000
 
