@@ -112,6 +112,8 @@ VARIANTS = {
     "on it",
     "stock-otel": "stock + the same parent span per request (what the span alone costs)",
     "adaptive-untracked": "diagnostic: adaptive without instrument() (its plan alone)",
+    "adaptive-pools": "diagnostic: adaptive without a listener, in-flight read from the pools, "
+    "health refreshed: what it costs when no request is tracked",
     "adaptive-every": "diagnostic: adaptive with tracking.samples_per_host 0 (every request "
     "tracked, as before sampling)",
     "stock-hooked": "diagnostic: stock, each future hooked as tracking does, attempts ignored "
@@ -180,6 +182,13 @@ class Variant:
                 self.tracker = attach(self.session, tracer_provider=self.provider).tracker
             elif name == "adaptive-untracked":
                 self.tracker = None
+            elif name == "adaptive-pools":
+                from adaptive_lb._driver import pool_in_flight_reader
+
+                self.tracker = None
+                self.policy.stats.add_in_flight_source(pool_in_flight_reader(self.session))
+                self.policy.tracking_attached()
+                self.policy.start_health_refresh()
             else:
                 self.tracker = instrument(self.session) if self.adaptive else None
             if name == "stock-hooked":

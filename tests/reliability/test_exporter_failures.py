@@ -20,6 +20,7 @@ lengthens the runs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import socket
@@ -154,12 +155,26 @@ def make_policy(provider) -> AdaptiveLoadBalancingPolicy:
     return policy
 
 
-def traced_plans(policy, tracer, seconds: float) -> tuple[int, float, float, float]:
+def _threads_cpu(threads: list[threading.Thread]) -> float:
+    """CPU seconds used so far by those of ``threads`` still alive."""
+    total = 0.0
+    for thread in threads:
+        with contextlib.suppress(OSError, TypeError, ProcessLookupError):
+            if thread.is_alive() and thread.ident is not None:
+                total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return total
+
+
+def traced_plans(
+    policy, tracer, seconds: float, earlier: Sequence[threading.Thread] = ()
+) -> tuple[int, float, float, float]:
     """Traced plans (each under its own recording request span) for ``seconds``: (plans,
-    wall-clock seconds, this thread's CPU seconds, every other thread's CPU seconds)."""
+    wall-clock seconds, this thread's CPU seconds, every other thread's CPU seconds but
+    those of ``earlier``: threads left by earlier tests, whose periodic work is not ours)."""
     statement = SimpleStatement("q", routing_key=b"\x00\x01\x02\x03", keyspace="ks")
     plans = 0
-    mine, process = time.thread_time(), time.process_time()
+    earlier = [t for t in earlier if t is not threading.current_thread()]
+    mine, process = time.thread_time(), time.process_time() - _threads_cpu(earlier)
     start = time.perf_counter()
     deadline = start + seconds
     while True:
@@ -171,7 +186,8 @@ def traced_plans(policy, tracer, seconds: float) -> tuple[int, float, float, flo
         if now >= deadline:
             break
     mine = time.thread_time() - mine
-    return plans, now - start, mine, time.process_time() - process - mine
+    others = time.process_time() - _threads_cpu(earlier) - process - mine
+    return plans, now - start, mine, others
 
 
 def attempts_bound(seconds: float) -> int:
@@ -193,6 +209,7 @@ def test_dead_collector_is_backed_off_not_retried_per_batch(
     calls = count_export_calls(monkeypatch, protocol)
     config = dead_config(protocol, dead_port)
     before = span_export_totals()
+    earlier = threading.enumerate()
     dead = setup_tracing(config)
     baseline = setup_tracing(config, exporter=NullExporter())
     try:
@@ -222,7 +239,7 @@ def test_dead_collector_is_backed_off_not_retried_per_batch(
                 policy, tracer = (
                     (dead_policy, dead_tracer) if side == "dead" else (base_policy, base_tracer)
                 )
-                plans, wall, mine, others = traced_plans(policy, tracer, half)
+                plans, wall, mine, others = traced_plans(policy, tracer, half, earlier)
                 rates[side] = plans / wall
                 cpu_rates[side] = plans / (mine + others)
                 cpu[side][0] += mine
