@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import figures
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import SimpleStatement
 from opentelemetry import context, trace
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=31, help="interleaved rounds")
     parser.add_argument("--decisions", type=int, default=2000, help="decisions per round")
+    figures.add_record_option(parser)
     args = parser.parse_args(argv)
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(_Dropping(), max_queue_size=1 << 16))
@@ -142,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         result[f"{name}_ratio"] = round(statistics.median(times[name]) / baseline, 2)
     print(json.dumps(result))
     provider.shutdown()
+    figures.record_run("decision_record", args.record, result, argv)
     return 0
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import _e2e
+import figures
 
 REFRESH_EVERY = 1000
 
@@ -218,6 +219,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--top", type=int, default=0, help="print the N largest per-function deltas"
     )
     parser.add_argument("--out", type=Path, default=None, help="JSON result path")
+    figures.add_record_option(parser)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--contact-points", default="", help=argparse.SUPPRESS)
     parser.add_argument("--requests", type=int, default=0, help=argparse.SUPPRESS)
@@ -247,10 +249,13 @@ def main(argv: list[str] | None = None) -> None:
                     file=sys.stderr,
                     flush=True,
                 )
-    report(args, names, results, driver_name())
+    headline = report(args, names, results, driver_name())
+    figures.record_run("e2e_instructions", args.record, headline, argv)
 
 
-def report(args: argparse.Namespace, names: list[str], results: Any, driver: str) -> None:
+def report(args: argparse.Namespace, names: list[str], results: Any, driver: str) -> dict[str, Any]:
+    """Print the table (and write ``--out``); return the headline figures (``--record``):
+    per variant the instructions per request, and the added ones and share vs stock."""
     stock_runs = results["stock"]
     stock = statistics.median(r["per_request"] for r in stock_runs)
     print(
@@ -263,6 +268,7 @@ def report(args: argparse.Namespace, names: list[str], results: Any, driver: str
     print("| --- | --- | --- | --- |")
     summary = []
     tops = []
+    headline: dict[str, Any] = {"repeats": args.repeats}
     for name in names:
         runs = results[name]
         values = [r["per_request"] for r in runs]
@@ -271,6 +277,10 @@ def report(args: argparse.Namespace, names: list[str], results: Any, driver: str
         added = value - stock
         print(f"| {name} | {value:,.0f}{spread} | {added:+,.0f} | {added / stock:+.1%} |")
         summary.append({"variant": name, "per_request": values})
+        headline[f"{name}.per_request"] = round(value)
+        if name != "stock":
+            headline[f"{name}.added"] = round(added)
+            headline[f"{name}.added_share"] = round(added / stock, 4)
         if args.top and name != "stock":
             mine, theirs = runs[0]["functions"], stock_runs[0]["functions"]
             deltas = {f: mine.get(f, 0) - theirs.get(f, 0) for f in set(mine) | set(theirs)}
@@ -281,6 +291,7 @@ def report(args: argparse.Namespace, names: list[str], results: Any, driver: str
     print("\n".join(tops))
     if args.out is not None:
         args.out.write_text(json.dumps({"driver": driver, "results": summary}, indent=2))
+    return headline
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import _e2e
+import figures
 
 from adaptive_lb.bench import driver_name
 
@@ -117,6 +118,32 @@ def summarize(rounds: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
     if "adaptive-attach" in names and "adaptive" in names:
         comparisons.append(compare(rounds, "adaptive-attach", "adaptive"))
     return {"per_variant": per_variant, "comparisons": comparisons}
+
+
+def headline(result: dict[str, Any]) -> dict[str, Any]:
+    """The figures ``--record`` keeps (docs/figures.json): per variant its CPU per request
+    and throughput; per comparison (``<variant>`` against stock, ``<variant>_vs_<reference>``
+    otherwise) the medians and interval bounds; the share of requests tracked."""
+    cfg, summary = result["config"], result["summary"]
+    out: dict[str, Any] = {"rounds": cfg["rounds"], "seconds": cfg["seconds"]}
+    for name, v in summary["per_variant"].items():
+        out[f"{name}.cpu_us"] = round(v["cpu_us_per_req"], 1)
+        out[f"{name}.req_per_s"] = round(v["req_per_s"])
+    for c in summary["comparisons"]:
+        key = c["variant"] if c["reference"] == REFERENCE else f"{c['variant']}_vs_{c['reference']}"
+        for field, short, digits in (
+            ("throughput_ratio", "throughput", 3),
+            ("cpu_per_request_ratio", "cpu_ratio", 3),
+            ("added_cpu_us_per_request", "added_us", 1),
+        ):
+            ci = c[field]
+            out[f"{key}.{short}"] = round(ci["median"], digits)
+            out[f"{key}.{short}_lo"] = round(ci["lo"], digits)
+            out[f"{key}.{short}_hi"] = round(ci["hi"], digits)
+    for name, c in result["counters"].items():
+        if "tracked_requests" in c and c.get("requests_issued"):
+            out[f"{name}.tracked_share"] = round(c["tracked_requests"] / c["requests_issued"], 4)
+    return out
 
 
 def _ratio(ci: dict[str, float]) -> str:
@@ -198,6 +225,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="JSON result path (default: a fresh file e2e_overhead-*.json in the temp dir)",
     )
+    figures.add_record_option(parser)
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     unknown = [n for n in names if n not in _e2e.VARIANTS]
@@ -329,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     if errors:
         log(f"WARNING: {errors} requests failed during the timed rounds")
     log(f"JSON: {out}")
+    if not errors:
+        figures.record_run("e2e_overhead", args.record, headline(result), argv)
     return 1 if errors else 0
 
 

@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 
+import figures
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import SimpleStatement
 
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--in-flight", type=int, default=11, help="requests per loaded host")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
+    figures.add_record_option(parser)
     args = parser.parse_args(argv)
     logging.getLogger("adaptive_lb").setLevel(logging.ERROR)  # no tracking here: no warning
     model = build_cluster({"dc1": [1, 1, 1]}, real_cluster=False)
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {f"{name}_us": round(statistics.median(v) * 1e6, 3) for name, v in timings.items()}
     result["in_flight"] = args.in_flight
     print(json.dumps(result))
+    figures.record_run("plan_under_load", args.record, result, argv)
     return 0
 
 

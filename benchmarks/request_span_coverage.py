@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 import _e2e
+import figures
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with opentelemetry-instrumentation-cassandra installed",
     )
+    figures.add_record_option(parser)
     args = parser.parse_args(argv)
     with Simulacron(
         ensure_simulacron_jar(),
@@ -139,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "uncovered_us": _quantiles(uncovered),
     }
     print(json.dumps(result))
+    figures.record_run("request_span_coverage", args.record, result, argv)
     return 0
 
 

@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 
+import figures
 from cassandra.cluster import ResponseFuture
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.protocol import ResultMessage
@@ -102,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--one-in", type=int, default=11, help="track one request in K (1: every request)"
     )
-    one_in = parser.parse_args(argv).one_in
+    figures.add_record_option(parser)
+    args = parser.parse_args(argv)
+    one_in = args.one_in
     model = build_cluster({"dc1": [2, 2, 2]}, real_cluster=False)
     policy = AdaptiveLoadBalancingPolicy(TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
     policy.populate(model.cluster, model.metadata.all_hosts())
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         "tracking_cost_iqr_us": [round(quartiles[0] * 1e6, 3), round(quartiles[2] * 1e6, 3)],
     }
     print(json.dumps(result))
+    figures.record_run("tracking_overhead", args.record, result, argv)
     return 0
 
 

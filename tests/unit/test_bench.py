@@ -19,8 +19,8 @@ BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
 
 def _benchmark(name: str) -> ModuleType:
-    """A script of benchmarks/, imported as a module (one importing _e2e needs BENCHMARKS
-    on sys.path first)."""
+    """A script of benchmarks/, imported as a module (one importing _e2e or figures needs
+    BENCHMARKS on sys.path first)."""
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -120,8 +120,9 @@ def test_the_floor_yields_the_first_local_replica_of_each_key():
         model.shutdown()
 
 
-def test_plan_under_load_reports_each_case(capsys):
+def test_plan_under_load_reports_each_case(capsys, monkeypatch):
     """benchmarks/plan_under_load.py runs and reports each case it documents."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # for its figures
     module = _benchmark("plan_under_load")
     assert module.main(["--rounds", "1", "--in-flight", "20"]) == 0
     result = json.loads(capsys.readouterr().out)
