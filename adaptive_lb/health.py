@@ -2,13 +2,15 @@
 
 :class:`HealthModel` holds the verdicts (state, locks), and every ``refresh_interval``
 computes each host's window once, applies the pure rules of :mod:`adaptive_lb.health_rules`
-(:func:`assess`, against :func:`peer_medians`) and publishes the result on the host's
-:class:`~adaptive_lb.stats.HostStats` (``health_penalty``, ``health_state``), which the
-policy's hot path reads without a lock; it logs each transition and keeps it for the next
-trace that touches the host. Percentiles are computed only here, never per request. No
-driver import: hosts are plain keys.
+(:func:`assess`, against :func:`~adaptive_lb.peer_groups.peer_medians`) and publishes the
+result on the host's :class:`~adaptive_lb.stats.HostStats` (``health_penalty``,
+``health_state``), which the policy's hot path reads without a lock; it logs each
+transition and keeps it for the next trace that touches the host. Percentiles are computed
+only here, never per request. No driver import: hosts are plain keys.
 
-Every public name of the health rules is importable from here too.
+Every public name of the health rules (:mod:`adaptive_lb.health_rules`,
+:mod:`adaptive_lb.health_verdict`, the peers' medians of :mod:`adaptive_lb.peer_groups`) is
+importable from here too.
 """
 
 from __future__ import annotations
@@ -23,15 +25,11 @@ from attrs import define
 from adaptive_lb.clock import Clock
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.evidence import MIN_EVIDENCE, latency_spread
-from adaptive_lb.health_rules import (
-    HostHealth,
-    assess,
-    peer_median,
-    peer_medians,
-    warming_penalty,
-)
+from adaptive_lb.health_rules import assess
 from adaptive_lb.health_state import HealthState
+from adaptive_lb.health_verdict import HostHealth, warming_penalty
 from adaptive_lb.locality import RackDistances, RackKey
+from adaptive_lb.peer_groups import peer_median, peer_medians
 from adaptive_lb.probes import judge
 from adaptive_lb.stats import HostStats, WindowStats
 

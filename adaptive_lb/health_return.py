@@ -26,7 +26,7 @@ on the request path):
   the count again.
 
 No state, no clock, no driver: :class:`Evidence` is an immutable value carried on each
-:class:`~adaptive_lb.health_rules.HostHealth`.
+:class:`~adaptive_lb.health_verdict.HostHealth`.
 """
 
 from __future__ import annotations

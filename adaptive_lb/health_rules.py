@@ -1,11 +1,15 @@
 """Health rules: the verdict on a host from its statistics window, as pure functions.
 
 :func:`assess` maps the previous verdict, the window and the peers' median to the next
-verdict (a :class:`HostHealth`); :func:`peer_medians` (:mod:`adaptive_lb.peer_groups`)
-finds each host's peers' median;
-:func:`warming_penalty` is the penalty of a host coming back. No state, no threads, no
-clock, no driver: :class:`adaptive_lb.health.HealthModel` keeps the verdicts and applies
-these rules at each refresh.
+verdict (a :class:`~adaptive_lb.health_verdict.HostHealth`);
+:func:`~adaptive_lb.peer_groups.peer_medians` finds each host's peers' median;
+:func:`~adaptive_lb.health_verdict.warming_penalty` is the penalty of a host coming back.
+No state, no threads, no clock, no driver: :class:`adaptive_lb.health.HealthModel` keeps
+the verdicts and applies these rules at each refresh.
+
+May import: the config model, the verdict (:mod:`adaptive_lb.health_verdict`), the ways
+back (:mod:`adaptive_lb.health_return`), the evidence rules (:mod:`adaptive_lb.evidence`),
+the health states and the statistics window's type; pure logic only.
 
 States (:class:`HealthState`):
 
@@ -28,7 +32,8 @@ States (:class:`HealthState`):
   :meth:`~adaptive_lb.health.HealthModel.mark_up`, or recovered from SLOW / ERRORING). Its
   penalty decays from ``penalties.warming`` to ``penalties.healthy`` (1) over
   ``slow_start`` seconds so that the share of traffic it gets, about 1 / penalty, ramps up
-  *linearly* (:func:`warming_penalty`); then HEALTHY. ``slow_start`` 0 skips it.
+  *linearly* (:func:`~adaptive_lb.health_verdict.warming_penalty`); then HEALTHY.
+  ``slow_start`` 0 skips it.
 
 Quick to protect, slow to forgive:
 
@@ -66,8 +71,6 @@ Quick to protect, slow to forgive:
 
 from __future__ import annotations
 
-from attrs import define, field
-
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.evidence import (
     DEFAULT_SPREAD,
@@ -86,76 +89,12 @@ from adaptive_lb.health_return import (
     warm_up_s,
 )
 from adaptive_lb.health_state import HealthState
-from adaptive_lb.peer_groups import _median_without, peer_median, peer_medians  # noqa: F401
+from adaptive_lb.health_verdict import HostHealth, warming_penalty
 from adaptive_lb.stats import WindowStats
 
-__all__ = ["HostHealth", "assess", "peer_median", "peer_medians", "warming_penalty"]
+__all__ = ["assess"]
 
 _NS = 1_000_000_000
-
-
-@define(frozen=True, slots=True)
-class HostHealth:
-    """A host's health verdict and the numbers behind it."""
-
-    state: HealthState
-    since_ns: int
-    """When the host entered ``state`` (clock nanoseconds)."""
-    penalty: float
-    """Score multiplier the policy applies to the host."""
-    reason: str = ""
-    """Why the host is in ``state``, with the numbers, for logs, traces and snapshots."""
-    latency: float | None = None
-    """Seconds at the configured percentile over the window (None: no sample)."""
-    peer_median: float | None = None
-    """Median of the peers' latency at the same percentile, seconds (None: no peer data)."""
-    error_rate: float = 0.0
-    """(errors + timeouts) / requests over the window."""
-    samples: int = 0
-    """Latency samples in the window."""
-    requests: int = 0
-    """Requests with an outcome in the window."""
-    cause: str = ""
-    """Why a SLOW / ERRORING host is penalised, which decides its way back: ``slow``
-    (latency outlier), ``errors`` (error rate) or ``stall`` (no answer with requests in
-    flight); empty for HEALTHY and WARMING."""
-    evidence: Evidence = field(factory=Evidence)
-    """Its answers and failures since the verdict, returns and relapses
-    (:mod:`adaptive_lb.health_return`)."""
-    probe: Probe | None = None
-    """The probe of this ERRORING host in progress (None: none); see
-    :mod:`adaptive_lb.health_return`."""
-    warm_up_s: float | None = None
-    """How long this WARMING host's warm-up lasts (None: ``slow_start``; shorter after a
-    stall, see :func:`~adaptive_lb.health_return.warm_up_s`)."""
-
-    @classmethod
-    def initial(cls, now_ns: int, config: HealthConfig) -> HostHealth:
-        """The verdict for a host nothing is known about yet: HEALTHY."""
-        return cls(HealthState.HEALTHY, now_ns, config.penalties.healthy, "no evidence yet")
-
-    @classmethod
-    def warming(
-        cls, now_ns: int, config: HealthConfig, reason: str, warm_up_s: float | None = None
-    ) -> HostHealth:
-        """A host that has just come back: WARMING from ``now_ns`` for ``warm_up_s``
-        (default ``slow_start``; HEALTHY at once if that is 0)."""
-        if (config.slow_start if warm_up_s is None else warm_up_s) <= 0:
-            return cls(HealthState.HEALTHY, now_ns, config.penalties.healthy, reason)
-        penalty = config.penalties.warming
-        return cls(HealthState.WARMING, now_ns, penalty, reason, warm_up_s=warm_up_s)
-
-
-def warming_penalty(start: float, elapsed_s: float, slow_start: float, end: float = 1.0) -> float:
-    """Penalty of a WARMING host ``elapsed_s`` after it came back: its traffic weight
-    1 / penalty grows linearly from 1 / ``start`` to 1 / ``end`` over ``slow_start``
-    seconds. Monotone non-increasing in ``elapsed_s``, exactly ``end`` from ``slow_start``
-    on (and at once when ``start <= end``)."""
-    if slow_start <= 0 or elapsed_s >= slow_start or start <= end:
-        return end
-    progress = max(0.0, elapsed_s) / slow_start
-    weight = 1.0 / start + (1.0 / end - 1.0 / start) * progress
-    return min(start, max(end, 1.0 / weight))  # 1 / (1 / start) may round above start
 
 
 def _s(seconds: float | None) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from cassandra.policies import LoadBalancingPolicy
 
-from adaptive_lb._driver import LOCAL_DISTANCES, cluster_is_open
+from adaptive_lb._driver_policies import LOCAL_DISTANCES, cluster_is_open
 from adaptive_lb.clock import Clock
 from adaptive_lb.counting import new_counter
 from adaptive_lb.health import HealthModel

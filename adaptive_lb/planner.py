@@ -31,7 +31,7 @@ from attrs import define
 from cassandra import ConsistencyLevel
 from cassandra.policies import LoadBalancingPolicy
 
-from adaptive_lb._driver import ChildChain
+from adaptive_lb._driver_policies import ChildChain
 from adaptive_lb.config import Config, RackLearningConfig
 from adaptive_lb.counting import counter_value
 from adaptive_lb.locality import resolve_local_rack

@@ -42,7 +42,7 @@ since its last probe. A healthy host answering its user requests is never probed
   and since the last failed try.
 
 No driver import, no thread, no clock of its own: imports attrs and adaptive-lb's pure
-layers only (config, health_rules, health_return, health_state, probe_record, stats).
+layers only (config, health_verdict, health_return, health_state, probe_record, stats).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ from attrs import define, evolve
 
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.health_return import hold_s
-from adaptive_lb.health_rules import HostHealth
 from adaptive_lb.health_state import HealthState
+from adaptive_lb.health_verdict import HostHealth
 from adaptive_lb.probe_record import TIMEOUT, ProbeRecord
 from adaptive_lb.stats import HostStats, WindowStats
 

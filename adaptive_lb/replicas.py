@@ -19,7 +19,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
-from adaptive_lb._driver import keyspace_replica_map, tablets_of, token_value_function
+from adaptive_lb._driver_policies import keyspace_replica_map, tablets_of, token_value_function
 from adaptive_lb.replica_cache import ReplicaCache
 from adaptive_lb.scoring import HostView
 from adaptive_lb.topology import Topology

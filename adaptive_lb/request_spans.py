@@ -19,27 +19,39 @@ timeout). :class:`RequestTelemetry` turns that into:
 
 A span is made when a span is recording in the caller's context (the application's, or the
 one ``opentelemetry-instrumentation-cassandra`` opens around ``execute_async``: see
-:func:`_adopt_instrumentation_span`), or for every request when adaptive-lb has a tracer
-provider of its own (built from YAML, passed to :func:`adaptive_lb.attach`, or a recording
-global one set before it). When nothing records and the histogram is off, the cost is one
-context lookup per request.
+:func:`~adaptive_lb.span_attributes.adopt_instrumentation_span`), or for every request
+when adaptive-lb has a tracer provider of its own (built from YAML, passed to
+:func:`adaptive_lb.attach`, or a recording global one set before it). When nothing records
+and the histogram is off, the cost is one context lookup per request.
 
-Privacy: the operation name is the statement's first keyword only (``SELECT``...); the
-statement text (``db.query.text``) and bound values (``db.query.parameter.<n>``, hex of the
-serialized value) only when :class:`~adaptive_lb.config.PrivacyConfig` allows them.
+The span's name and attributes, and what privacy allows in them, are
+:mod:`adaptive_lb.span_attributes`'.
+
+May import: request tracking (:mod:`adaptive_lb.tracking`, whose attempts it extends), the
+span attributes, decision tracing, the config, the OpenTelemetry API, the driver's
+exception and message classes.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from cassandra import ConsistencyLevel, OperationTimedOut
+from cassandra import OperationTimedOut
 from cassandra.protocol import ErrorMessage
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from adaptive_lb.config import Config, PrivacyConfig
 from adaptive_lb.counting import counter_value, new_counter
+from adaptive_lb.span_attributes import (
+    INSTRUMENTATION_SCOPE,
+    adopt_instrumentation_span,
+    describe_request,
+    operation_name,
+    qualified_name,
+    request_attributes,
+    server_attributes,
+)
 from adaptive_lb.tracing import current_recording_span
 from adaptive_lb.tracking import SUCCESS, _Attempts, outcome_of
 
@@ -56,63 +68,6 @@ ATTEMPT_EVENT = "adaptive_lb.attempt"
 DURATION_METRIC = "db.client.operation.duration"
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0)
 """The conventions' advisory bucket boundaries for ``db.client.operation.duration``."""
-INSTRUMENTATION_SCOPE = "opentelemetry.instrumentation.cassandra"
-"""The tracer name of ``opentelemetry-instrumentation-cassandra``."""
-
-_OPERATIONS = frozenset(
-    {
-        "SELECT",
-        "INSERT",
-        "UPDATE",
-        "DELETE",
-        "BATCH",
-        "TRUNCATE",
-        "CREATE",
-        "ALTER",
-        "DROP",
-        "USE",
-        "GRANT",
-        "REVOKE",
-        "LIST",
-    }
-)
-
-
-def operation_name(statement: Any) -> str | None:
-    """The CQL operation of ``statement``: its first keyword when it is one of the known
-    ones (``BEGIN ... BATCH`` and ``BatchStatement`` are ``BATCH``), else None. Nothing
-    else of the text is read."""
-    if type(statement).__name__ == "BatchStatement":
-        return "BATCH"
-    text = getattr(statement, "query_string", None)
-    if text is None:
-        prepared = getattr(statement, "prepared_statement", None)
-        text = getattr(prepared, "query_string", None)
-    if not isinstance(text, str):
-        return None
-    words = text[:64].split(None, 1)
-    if not words:
-        return None
-    word = words[0].upper()
-    if word == "BEGIN":
-        return "BATCH"
-    return word if word in _OPERATIONS else None
-
-
-def _table_of(statement: Any) -> str | None:
-    prepared = getattr(statement, "prepared_statement", None)
-    if prepared is None:
-        return None
-    for columns in (prepared.column_metadata, getattr(prepared, "result_metadata", None)):
-        if columns:
-            tables = {column.table_name for column in columns}
-            return tables.pop() if len(tables) == 1 else None
-    return None
-
-
-def _consistency_name(level: Any) -> str | None:
-    name = ConsistencyLevel.value_to_name.get(level) if level is not None else None
-    return name.lower() if name else None
 
 
 class _Request:
@@ -245,7 +200,7 @@ class _ObservedAttempts(_Attempts):
             return
         number, kind, _host = request.kinds.get(id(host), (0, "unknown", host))
         attributes: dict[str, Any] = {
-            **_server_attributes(host),
+            **server_attributes(host),
             "adaptive_lb.attempt.number": number,
             "adaptive_lb.attempt.kind": kind,
             "adaptive_lb.attempt.outcome": outcome,
@@ -319,13 +274,7 @@ class RequestTelemetry:
         elif not self.durations:
             return None
         query = future.query
-        attributes: dict[str, Any] = {"db.system.name": "cassandra"}
-        keyspace = getattr(query, "keyspace", None) or future.session.keyspace
-        if keyspace:
-            attributes["db.namespace"] = keyspace
-        operation = operation_name(query)
-        if operation is not None:
-            attributes["db.operation.name"] = operation
+        attributes = request_attributes(query, future.session)
         span = plan = None
         if self.spans and (parent is not None or self._root_spans):
             plan = policy.decisions.take(query)  # made just before: the span starts there
@@ -345,39 +294,9 @@ class RequestTelemetry:
         attributes: dict[str, Any],
         start_time: int | None,
     ) -> Any | None:
-        query = future.query
-        operation = attributes.get("db.operation.name")
-        table = _table_of(query)
-        if table is not None:
-            attributes["db.collection.name"] = table
-        message = future.message
-        level = _consistency_name(getattr(message, "consistency_level", None))
-        if level is not None:
-            attributes["cassandra.consistency.level"] = level
-        idempotent = getattr(query, "is_idempotent", None)
-        if idempotent is not None:
-            attributes["cassandra.query.idempotent"] = bool(idempotent)
-        fetch_size = getattr(message, "fetch_size", None)
-        if isinstance(fetch_size, int) and fetch_size > 0:
-            attributes["cassandra.page.size"] = fetch_size
-        privacy = self.privacy
-        if privacy.statement_text:
-            text = getattr(query, "query_string", None)
-            if text is None:
-                text = getattr(getattr(query, "prepared_statement", None), "query_string", None)
-            if isinstance(text, str):
-                attributes["db.query.text"] = text
-        if privacy.bound_values:
-            for index, value in enumerate(getattr(query, "values", None) or ()):
-                attributes[f"db.query.parameter.{index}"] = (
-                    value.hex() if isinstance(value, (bytes, bytearray)) else repr(value)
-                )
-        name = operation or "cassandra"
-        target = table or attributes.get("db.namespace")
-        if operation is not None and target:
-            name = f"{operation} {target}"
+        name = describe_request(future.query, future.message, attributes, self.privacy)
         if parent is not None:
-            _adopt_instrumentation_span(parent)
+            adopt_instrumentation_span(parent)
         span = self._tracer.start_span(
             name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_time
         )
@@ -387,10 +306,10 @@ class RequestTelemetry:
         """End ``request``'s span and record its duration (called once, at its end)."""
         duration = (policy.now_ns() - request.start_ns) / 1e9
         coordinator = request.answered_by
-        server = _server_attributes(coordinator) if coordinator is not None else {}
+        server = server_attributes(coordinator) if coordinator is not None else {}
         failure: dict[str, Any] = {}
         if exception is not None:
-            failure["error.type"] = request.last_status_code or _qualified_name(exception)
+            failure["error.type"] = request.last_status_code or qualified_name(exception)
             if request.last_status_code is not None:
                 failure["db.response.status_code"] = request.last_status_code
         span = request.span
@@ -407,37 +326,8 @@ class RequestTelemetry:
                 if coordinator.datacenter is not None:
                     attributes["cassandra.coordinator.dc"] = coordinator.datacenter
             if failure:
-                span.set_status(Status(StatusCode.ERROR, _qualified_name(exception)))
+                span.set_status(Status(StatusCode.ERROR, qualified_name(exception)))
             span.set_attributes(attributes)
             span.end()
         if self.durations:
             self._histogram.record(duration, {**request.duration_attributes, **server, **failure})
-
-
-def _server_attributes(host: Any) -> dict[str, Any]:
-    """``server.address`` and ``server.port`` of ``host``."""
-    attributes: dict[str, Any] = {"server.address": str(host.address)}
-    port = getattr(host.endpoint, "port", None)
-    if port is not None:
-        attributes["server.port"] = port
-    return attributes
-
-
-def _qualified_name(exception: BaseException | None) -> str:
-    kind = type(exception)
-    module = kind.__module__
-    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
-
-
-def _adopt_instrumentation_span(parent: Any) -> None:
-    """When the parent is the span of ``opentelemetry-instrumentation-cassandra``, which
-    ends when ``execute_async`` returns (the request merely submitted), rename it
-    ``<name> submit`` and mark it, so that the request span, its child, is the one span
-    that claims to be the request."""
-    scope = getattr(parent, "instrumentation_scope", None)
-    if scope is None or scope.name != INSTRUMENTATION_SCOPE:
-        return
-    name = getattr(parent, "name", "")
-    if not name.endswith(" submit"):
-        parent.update_name(f"{name} submit")
-        parent.set_attribute("adaptive_lb.role", "submit")

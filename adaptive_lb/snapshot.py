@@ -10,22 +10,33 @@ Naming: every duration and time is in seconds and its field name ends in ``_seco
 field's ``metadata["as_of"]`` says which (``now``, ``refresh``, ``lifetime`` or
 ``config``; see :data:`AS_OF`). :meth:`PolicySnapshot.to_dict` gives plain JSON-able data,
 :meth:`PolicySnapshot.to_json` a JSON text. ``docs/observability.md`` ("The snapshot")
-documents every field; its tables are generated from the docstrings below.
+documents every field; its tables are generated from the docstrings of
+:class:`PolicySnapshot` (here) and :class:`HostSnapshot` (:mod:`adaptive_lb.host_snapshot`).
+
+May import: :mod:`adaptive_lb.host_snapshot`, attrs; the policy's parts for their types
+only (under ``TYPE_CHECKING``): it reads a policy through :class:`SnapshotSource`, never
+the policy module, which returns a snapshot. No driver import.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from attrs import define, field
 
-if TYPE_CHECKING:
-    import cattrs
+from adaptive_lb.host_snapshot import (
+    AS_OF,
+    CONFIG,
+    LIFETIME,
+    NOW,
+    REFRESH,
+    HostSnapshot,
+    converter,
+)
 
+if TYPE_CHECKING:
     from adaptive_lb.clock import Clock
     from adaptive_lb.config import Config
     from adaptive_lb.health import HealthModel
@@ -38,28 +49,7 @@ __all__ = ["AS_OF", "HostSnapshot", "PolicySnapshot", "SnapshotSource", "take_sn
 
 log = logging.getLogger("adaptive_lb.exporters")
 
-AS_OF = {
-    "now": "read when the snapshot is taken",
-    "refresh": "as of the last health refresh (every health.refresh_interval)",
-    "lifetime": "counted since the host was first seen, or the policy was made; never goes down",
-    "config": "from the config in force",
-}
-"""The values of each snapshot field's ``metadata["as_of"]``: when its number was made."""
-
 _NS = 1_000_000_000
-_NOW = {"as_of": "now"}
-_REFRESH = {"as_of": "refresh"}
-_LIFETIME = {"as_of": "lifetime"}
-_CONFIG = {"as_of": "config"}
-
-
-@functools.cache
-def _converter() -> cattrs.Converter:
-    # Made (and cattrs imported) on first use: importing the policy stays cheap. Tuples
-    # become lists, so that to_dict() == json.loads(json.dumps(to_dict())).
-    import cattrs
-
-    return cattrs.Converter(unstruct_collection_overrides={Sequence: list})
 
 
 class SnapshotSource(Protocol):
@@ -103,194 +93,83 @@ class SnapshotSource(Protocol):
 
 
 @define(frozen=True, slots=True)
-class HostSnapshot:
-    """One host as the policy sees it. See ``docs/observability.md``, "The snapshot"."""
-
-    address: str = field(metadata=_NOW)
-    """The host's address (``str(host.address)``)."""
-    port: int | None = field(metadata=_NOW)
-    """The host's port, when its endpoint has one."""
-    datacenter: str | None = field(metadata=_NOW)
-    """The host's datacenter, as the driver's metadata says."""
-    rack: str | None = field(metadata=_NOW)
-    """The host's rack, as the driver's metadata says."""
-    is_local: bool = field(metadata=_NOW)
-    """The child policy's distance is LOCAL or LOCAL_RACK: the host can be a candidate."""
-    live: bool = field(metadata=_NOW)
-    """The driver reports the host up."""
-    in_flight: int = field(metadata=_NOW)
-    """Requests in flight on the host: the driver's count of its connection pool (every
-    request, its retries and speculative executions, and streams orphaned by a client
-    timeout until the server answers), or the tracked attempts not yet ended when
-    ``in_flight_from_pools`` is false."""
-    window_requests: int = field(metadata=_REFRESH)
-    """Attempts that ended with an outcome (success, error or timeout) in the statistics
-    window; 0 before the first health refresh that saw the host."""
-    window_errors: int = field(metadata=_REFRESH)
-    """Attempts that failed in the statistics window (timeouts not included)."""
-    window_timeouts: int = field(metadata=_REFRESH)
-    """Attempts that timed out in the statistics window."""
-    window_error_rate: float = field(metadata=_REFRESH)
-    """(window_errors + window_timeouts) / window_requests, 0 without requests: the rate
-    the ERRORING rule compares with ``health.error_rate``."""
-    window_samples: int = field(metadata=_REFRESH)
-    """Latency samples in the statistics window, behind the percentiles: successes,
-    timeouts and slow errors (a fast error has no latency sample)."""
-    window_latency_p50_seconds: float | None = field(metadata=_REFRESH)
-    """Median latency over the statistics window; None without a sample."""
-    window_latency_p95_seconds: float | None = field(metadata=_REFRESH)
-    """95th percentile latency over the statistics window; None without a sample."""
-    window_latency_p99_seconds: float | None = field(metadata=_REFRESH)
-    """99th percentile latency over the statistics window; None without a sample."""
-    health_state: str = field(metadata=_REFRESH)
-    """``healthy``, ``warming``, ``slow`` or ``erroring``."""
-    health_penalty: float = field(metadata=_REFRESH)
-    """Multiplier of the host's load score from its health: 1 when healthy, more when not
-    (a warming host's decreases refresh by refresh)."""
-    health_reason: str = field(metadata=_REFRESH)
-    """Why the host is in its health state, with the numbers (latencies in seconds); empty
-    before the first verdict."""
-    health_state_age_seconds: float | None = field(metadata=_NOW)
-    """How long the host has been in ``health_state``, at ``taken_seconds``; None before
-    the first verdict."""
-    rack_penalty: float = field(metadata=_REFRESH)
-    """Multiplier of the host's load score from its rack: 1 in the client's rack (or when
-    none is known), else ``non_local_rack_penalty`` x the rack's measured proximity."""
-    requests_total: int = field(metadata=_LIFETIME)
-    """Attempts that ended with an outcome (success, error or timeout)."""
-    errors_total: int = field(metadata=_LIFETIME)
-    """Attempts that failed (timeouts not included)."""
-    timeouts_total: int = field(metadata=_LIFETIME)
-    """Attempts that timed out."""
-    abandons_total: int = field(metadata=_LIFETIME)
-    """Attempts released without an outcome (another attempt won, or shutdown)."""
-    unsent_total: int = field(metadata=_LIFETIME)
-    """Attempts counted in flight that the driver then could not write to the host."""
-    probes_sent_total: int = field(metadata=_LIFETIME)
-    """adaptive-lb's own probes sent to the host (``health.probe_interval``), counted apart
-    from the user's attempts above: none of them is in any other count of this host."""
-    probes_answered_total: int = field(metadata=_LIFETIME)
-    """Probes the host answered."""
-    probes_failed_total: int = field(metadata=_LIFETIME)
-    """Probes that failed (an error answer, or the connection broke)."""
-    probes_timeouts_total: int = field(metadata=_LIFETIME)
-    """Probes not answered within ``health.probe_timeout``."""
-    probes_unsent_total: int = field(metadata=_LIFETIME)
-    """Probes the driver had no connection to send on."""
-    probe_latency_seconds: float | None = field(metadata=_NOW)
-    """How long the last answered probe took; None before one answered."""
-    probe_reason: str = field(metadata=_NOW)
-    """Why the last probe was sent; empty before the first."""
-    server_load: float = field(metadata=_REFRESH)
-    """Multiplier of the host's load score from the server's own view of its load
-    (``health.server_load``): 1 without a fresh reading, up to ``health.server_load.cap``."""
-    server_pressure: float | None = field(metadata=_NOW)
-    """The host's smoothed pressure: at its busiest watched thread pool, (active + pending +
-    blocked tasks) / the pool's thread limit; None without a reading (ScyllaDB, Cassandra
-    3.x, no read yet)."""
-    server_pressure_pool: str = field(metadata=_NOW)
-    """The pool under the most pressure at the last reading; empty before one."""
-    server_load_excess: float = field(metadata=_REFRESH)
-    """The smoothed pressure minus the median of the other local hosts': what the factor is
-    made from (0 without a fresh reading or a peer with one)."""
-    server_load_source: str = field(metadata=_NOW)
-    """``thread_pools`` (read), ``unknown`` (not read yet), or ``none: why`` (the host has
-    no such table, or it may not be read: the probe's round trip and the user's requests
-    are the signal)."""
-    server_load_reads_total: int = field(metadata=_LIFETIME)
-    """Thread-pool reads sent to the host (counted apart from the user's attempts)."""
-    server_load_read_failures_total: int = field(metadata=_LIFETIME)
-    """Thread-pool reads that timed out, failed or could not be sent."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data: ``{field name: value}``."""
-        result: dict[str, Any] = _converter().unstructure(self)
-        return result
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> HostSnapshot:
-        """The snapshot :meth:`to_dict` gave ``data`` for (e.g. after ``json.loads``)."""
-        return _converter().structure(data, cls)
-
-
-@define(frozen=True, slots=True)
 class PolicySnapshot:
     """The whole policy: its counters, the config in force and every known host. See
     ``docs/observability.md``, "The snapshot"."""
 
-    taken_seconds: float = field(metadata=_NOW)
+    taken_seconds: float = field(metadata=NOW)
     """When the snapshot was taken, on the policy's monotonic clock: only differences
     between two snapshots mean something (a rate is the difference of a ``*_total`` over
     the difference of ``taken_seconds``)."""
-    config_hash: str = field(metadata=_NOW)
+    config_hash: str = field(metadata=NOW)
     """Short content hash of the config in force."""
-    enabled: bool = field(metadata=_CONFIG)
+    enabled: bool = field(metadata=CONFIG)
     """The policy orders plans by load and health (``policy.enabled``). False: every plan
     is exactly the child policy's own, while tracking, health and every other number here
     keep running, to compare with."""
-    window_seconds: float = field(metadata=_CONFIG)
+    window_seconds: float = field(metadata=CONFIG)
     """Length of the statistics window (``tracking.window``) behind the ``window_*``
     fields."""
-    health_refresh_interval_seconds: float = field(metadata=_CONFIG)
+    health_refresh_interval_seconds: float = field(metadata=CONFIG)
     """Time between health refreshes (``health.refresh_interval``): how stale the
     ``window_*`` and ``health_*`` fields can be while refreshes run."""
-    health_refreshes: int = field(metadata=_LIFETIME)
+    health_refreshes: int = field(metadata=LIFETIME)
     """Health refreshes done; 0 means every ``window_*`` field is still empty."""
-    request_tracking: bool = field(metadata=_NOW)
+    request_tracking: bool = field(metadata=NOW)
     """Request tracking is attached (``adaptive_lb.attach`` or ``instrument``): while
     False every host looks idle and unmeasured."""
-    untracked_plans: int = field(metadata=_LIFETIME)
+    untracked_plans: int = field(metadata=LIFETIME)
     """Plans made while no request tracking was attached."""
-    tracking_requests: int = field(metadata=_LIFETIME)
+    tracking_requests: int = field(metadata=LIFETIME)
     """Requests request tracking saw for this policy, tracked or not
     (:mod:`adaptive_lb.sampling`)."""
-    tracked_one_in: int = field(metadata=_NOW)
+    tracked_one_in: int = field(metadata=NOW)
     """One request in this many is tracked (its attempts timed, their outcomes recorded
     in the ``window_*`` fields and ``*_total`` counters): 1 while traffic is within
     ``tracking.samples_per_host`` per local host per second."""
-    in_flight_from_pools: bool = field(metadata=_NOW)
+    in_flight_from_pools: bool = field(metadata=NOW)
     """``in_flight`` is the driver's count of each host's connection pool (False: the
     tracked attempts, counted by adaptive-lb)."""
-    forked_from_pid: int | None = field(metadata=_LIFETIME)
+    forked_from_pid: int | None = field(metadata=LIFETIME)
     """Set in a process forked after the policy was made: the pid of the process it came
     from, whose connections and tracking stayed there (docs/deployment.md); None: not."""
-    local_rack: str | None = field(metadata=_REFRESH)
+    local_rack: str | None = field(metadata=REFRESH)
     """The client's rack in force (hosts elsewhere get the rack penalty); None: none known
     yet, no rack penalty."""
-    local_rack_source: str = field(metadata=_REFRESH)
+    local_rack_source: str = field(metadata=REFRESH)
     """Where ``local_rack`` comes from: ``configured`` (``policy.local_rack``), ``child``
     (the child policy's), ``learned`` (``local_rack: auto``, from measured latency) or
     ``unknown``."""
-    untracked_attempts: int = field(metadata=_LIFETIME)
+    untracked_attempts: int = field(metadata=LIFETIME)
     """Attempts sent to a host the policy does not know (removed, or never seen): not
     counted in any host."""
-    unknown_host_events: int = field(metadata=_LIFETIME)
+    unknown_host_events: int = field(metadata=LIFETIME)
     """Up / down events for hosts the policy does not know: ignored."""
-    decisions_by_position: dict[str, int] = field(metadata=_LIFETIME, hash=False)
+    decisions_by_position: dict[str, int] = field(metadata=LIFETIME, hash=False)
     """Plans made, by the origin of their first host: ``replica``, ``non_replica``,
     ``local``, ``child``, ``fallback``."""
-    replica_cache_size: int = field(metadata=_NOW)
+    replica_cache_size: int = field(metadata=NOW)
     """Entries in the replica cache."""
-    replica_cache_hits: int = field(metadata=_LIFETIME)
+    replica_cache_hits: int = field(metadata=LIFETIME)
     """Replica lookups answered by the cache."""
-    replica_cache_misses: int = field(metadata=_LIFETIME)
+    replica_cache_misses: int = field(metadata=LIFETIME)
     """Replica lookups the cache could not answer."""
-    replica_cache_bypassed: int = field(metadata=_LIFETIME)
+    replica_cache_bypassed: int = field(metadata=LIFETIME)
     """Replica lookups resolved without the cache: it had stepped aside because it hit too
     rarely to pay, its size is 0, or the key was too long to keep."""
-    replica_cache_evictions: int = field(metadata=_LIFETIME)
+    replica_cache_evictions: int = field(metadata=LIFETIME)
     """Entries evicted from the full replica cache."""
-    replica_cache_invalidations: int = field(metadata=_LIFETIME)
+    replica_cache_invalidations: int = field(metadata=LIFETIME)
     """Times the replica cache was emptied (topology or schema changes)."""
-    internal_errors: int = field(metadata=_LIFETIME)
+    internal_errors: int = field(metadata=LIFETIME)
     """Exceptions caught inside adaptive-lb, every stage together."""
-    internal_errors_by_stage: dict[str, int] = field(metadata=_LIFETIME, hash=False)
+    internal_errors_by_stage: dict[str, int] = field(metadata=LIFETIME, hash=False)
     """``internal_errors`` by stage (every stage listed, zeros included)."""
-    plan_fallbacks: int = field(metadata=_LIFETIME)
+    plan_fallbacks: int = field(metadata=LIFETIME)
     """Plans answered with the child's plan after an internal error (stage ``plan``)."""
-    config_reloads: dict[str, int] = field(metadata=_LIFETIME, hash=False)
+    config_reloads: dict[str, int] = field(metadata=LIFETIME, hash=False)
     """Config reloads by result: ``success``, ``failure``."""
-    hosts: tuple[HostSnapshot, ...] = field(metadata=_NOW)
+    hosts: tuple[HostSnapshot, ...] = field(metadata=NOW)
     """Every host the policy knows, by datacenter, rack and address."""
 
     @property
@@ -307,60 +186,7 @@ class PolicySnapshot:
         public attributes; computes no percentile."""
         now_ns = policy.clock.now_ns()
         health = policy.health
-        hosts = []
-        for view in policy.topology.by_id.values():
-            host = view.host
-            stats = view.stats
-            probes = stats.probes
-            load = stats.load
-            window = health.window_stats(host)
-            verdict = health.health(host)
-            latency = window.latency if window is not None else {}
-            hosts.append(
-                HostSnapshot(
-                    address=str(host.address),
-                    port=getattr(host.endpoint, "port", None),
-                    datacenter=view.datacenter,
-                    rack=view.rack,
-                    is_local=view.is_local,
-                    live=view.live,
-                    in_flight=stats.in_flight,
-                    window_requests=window.requests if window is not None else 0,
-                    window_errors=window.errors if window is not None else 0,
-                    window_timeouts=window.timeouts if window is not None else 0,
-                    window_error_rate=window.error_rate if window is not None else 0.0,
-                    window_samples=window.samples if window is not None else 0,
-                    window_latency_p50_seconds=latency.get(50.0),
-                    window_latency_p95_seconds=latency.get(95.0),
-                    window_latency_p99_seconds=latency.get(99.0),
-                    health_state=stats.health_state.value,
-                    health_penalty=stats.health_penalty,
-                    health_reason=verdict.reason if verdict is not None else "",
-                    health_state_age_seconds=(
-                        max(0, now_ns - verdict.since_ns) / _NS if verdict is not None else None
-                    ),
-                    rack_penalty=stats.rack_penalty,
-                    requests_total=stats.requests_total,
-                    errors_total=stats.errors_total,
-                    timeouts_total=stats.timeouts_total,
-                    abandons_total=stats.abandons_total,
-                    unsent_total=stats.unsent_total,
-                    probes_sent_total=probes.sent,
-                    probes_answered_total=probes.answered,
-                    probes_failed_total=probes.failed,
-                    probes_timeouts_total=probes.timed_out,
-                    probes_unsent_total=probes.unsent,
-                    probe_latency_seconds=probes.last_latency_s,
-                    probe_reason=probes.reason,
-                    server_load=stats.server_load,
-                    server_pressure=load.pressure,
-                    server_pressure_pool=load.pool,
-                    server_load_excess=load.excess,
-                    server_load_source=_load_source(load.supported, load.unsupported_reason),
-                    server_load_reads_total=load.sent,
-                    server_load_read_failures_total=load.failed,
-                )
-            )
+        hosts = [HostSnapshot.of(view, health, now_ns) for view in policy.topology.by_id.values()]
         hosts.sort(key=lambda h: (h.datacenter or "", h.rack or "", h.address))
         cache = policy.replica_cache
         errors = policy.internal_errors_by_stage
@@ -406,7 +232,7 @@ class PolicySnapshot:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data: ``{field name: value}``, ``hosts`` a list of
         :meth:`HostSnapshot.to_dict`. ``json.dumps(snapshot.to_dict())`` works."""
-        result: dict[str, Any] = _converter().unstructure(self)
+        result: dict[str, Any] = converter().unstructure(self)
         return result
 
     def to_json(self, indent: int | None = None) -> str:
@@ -416,14 +242,7 @@ class PolicySnapshot:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PolicySnapshot:
         """The snapshot :meth:`to_dict` gave ``data`` for (e.g. after ``json.loads``)."""
-        return _converter().structure(data, cls)
-
-
-def _load_source(supported: bool | None, reason: str) -> str:
-    """``server_load_source`` of a host (see :class:`HostSnapshot`)."""
-    if supported is None:
-        return "unknown"
-    return "thread_pools" if supported else f"none: {reason}"
+        return converter().structure(data, cls)
 
 
 def take_snapshot(policy: Any) -> PolicySnapshot | None:

@@ -1,7 +1,10 @@
-"""Fails loudly if a driver release changes an internal that adaptive_lb._driver relies on.
+"""Fails loudly if a driver release changes an internal that adaptive_lb._driver or
+adaptive_lb._driver_policies relies on.
 
-Every private or semi-private attribute adaptive-lb reads is listed in adaptive_lb/_driver.py;
-this file checks each one on the installed driver (CI runs it against both drivers).
+Every private or semi-private attribute adaptive-lb reads is listed in adaptive_lb/_driver.py
+(request tracking: futures, pools) or adaptive_lb/_driver_policies.py (the child policy, the
+token map, tablets); this file checks each one on the installed driver (CI runs it against
+both drivers).
 """
 
 from __future__ import annotations
@@ -17,15 +20,13 @@ from cassandra.policies import (
     TokenAwarePolicy,
 )
 
-from adaptive_lb._driver import (
-    FUTURE_POLICY_ATTRIBUTE,
+from adaptive_lb._driver import FUTURE_POLICY_ATTRIBUTE, driver_release, tracking_problems
+from adaptive_lb._driver_policies import (
     analyse_child,
     child_of,
-    driver_release,
     keyspace_replica_map,
     tablets_of,
     token_value_function,
-    tracking_problems,
 )
 from adaptive_lb.sim.driver_topology import build_cluster
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_lb import health, health_rules
+from adaptive_lb import health, health_rules, health_verdict, peer_groups
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, HealthPenalties, TrackingConfig
 from adaptive_lb.evidence import MIN_EVIDENCE, error_rate_lower_bound
@@ -29,7 +29,7 @@ from adaptive_lb.health import (
     peer_medians,
     warming_penalty,
 )
-from adaptive_lb.health_rules import _median_without
+from adaptive_lb.peer_groups import _median_without
 from adaptive_lb.stats import HostStats, WindowStats
 
 MS = 1_000_000
@@ -772,9 +772,13 @@ def test_peer_medians_are_the_medians_of_the_other_qualified_hosts_of_the_group(
 
 
 def test_health_reexports_every_rule() -> None:
-    for name in health_rules.__all__:
-        assert getattr(health, name) is getattr(health_rules, name)
-    assert set(health_rules.__all__) <= set(health.__all__)
+    for module in (health_rules, health_verdict):
+        for name in module.__all__:
+            assert getattr(health, name) is getattr(module, name)
+        assert set(module.__all__) <= set(health.__all__)
+    for name in ("peer_median", "peer_medians"):
+        assert getattr(health, name) is getattr(peer_groups, name)
+        assert name in health.__all__
 
 
 def imported_modules(module: object) -> set[str]:
@@ -789,9 +793,10 @@ def imported_modules(module: object) -> set[str]:
 
 
 def test_the_rules_are_pure_and_the_health_modules_import_no_driver() -> None:
-    rules = imported_modules(health_rules)
-    assert not rules & {"threading", "logging", "time", "adaptive_lb.clock"}, rules
-    for module in (health_rules, health):
+    for pure in (health_rules, health_verdict):
+        rules = imported_modules(pure)
+        assert not rules & {"threading", "logging", "time", "adaptive_lb.clock"}, rules
+    for module in (health_rules, health_verdict, health):
         assert not any(name.split(".")[0] == "cassandra" for name in imported_modules(module))
 
 

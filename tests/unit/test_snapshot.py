@@ -23,7 +23,6 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.pool import Host
 from cassandra.query import SimpleStatement
 
-import adaptive_lb.snapshot as snapshot_module
 import adaptive_lb.stats as stats_module
 from adaptive_lb import AdaptiveLoadBalancingPolicy
 from adaptive_lb.clock import ManualClock
@@ -117,7 +116,7 @@ def feed(
 def field_sources(cls: type) -> dict[str, tuple[str, str]]:
     """Each attrs field of ``cls``: its annotation as written, and the string literal under
     it in the source (the annotations, not ``attrs.fields``' types: cattrs resolves those)."""
-    tree = ast.parse(inspect.getsource(snapshot_module))
+    tree = ast.parse(inspect.getsource(sys.modules[cls.__module__]))
     (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
     sources: dict[str, tuple[str, str]] = {}
     body = node.body
