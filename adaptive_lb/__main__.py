@@ -2,6 +2,6 @@
 
 import sys
 
-from adaptive_lb.cli import main
+from adaptive_lb.tools.cli import main
 
 sys.exit(main())

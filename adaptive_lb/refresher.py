@@ -50,7 +50,7 @@ class HealthRefresh:
         """Which hosts get an active probe after each refresh (:mod:`adaptive_lb.probes`)."""
         self.probe_sender: Callable[[ProbeOrder], None] | None = None
         """Sends one probe (:mod:`adaptive_lb.prober`, while request tracking is
-        attached; the simulator's :mod:`adaptive_lb.sim.driver_side`); None: no probes
+        attached; the simulator's :mod:`adaptive_lb.tools.sim.driver_side`); None: no probes
         (a policy without tracking)."""
         self.load_reader: Callable[[LoadOrder], None] | None = None
         """Sends one server-load read (:mod:`adaptive_lb.server_load`), beside the probe

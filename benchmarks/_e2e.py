@@ -15,8 +15,8 @@ from typing import Any
 
 from opentelemetry import context, trace
 
-from adaptive_lb.peers.connect import connect_driver, wait_for_pools
-from adaptive_lb.peers.simulacron import Simulacron, ensure_simulacron_jar, pick_node_ip
+from adaptive_lb.tools.peers.connect import connect_driver, wait_for_pools
+from adaptive_lb.tools.peers.simulacron import Simulacron, ensure_simulacron_jar, pick_node_ip
 
 QUERY = "SELECT v FROM ks.t WHERE k = ?"
 CLUSTER = "e2e"

@@ -39,10 +39,10 @@ from cassandra.query import SimpleStatement
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
-from adaptive_lb.cli_format import HelpFormatter
 from adaptive_lb.config import OtlpConfig, TracingConfig
 from adaptive_lb.exporters import setup_tracing
-from adaptive_lb.sim.driver_topology import build_cluster
+from adaptive_lb.tools.cli_format import HelpFormatter
+from adaptive_lb.tools.sim.driver_topology import build_cluster
 
 
 class NullExporter(SpanExporter):

@@ -42,9 +42,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb.cli import HelpFormatter
 from adaptive_lb.config import Config
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+from adaptive_lb.tools.cli import HelpFormatter
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 VARIANTS = ("plan", "event", "request")
 

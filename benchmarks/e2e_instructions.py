@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         child(args)
         return
-    from adaptive_lb.bench import driver_name
+    from adaptive_lb.tools.bench import driver_name
 
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     if names[0] != "stock":

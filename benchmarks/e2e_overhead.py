@@ -61,7 +61,7 @@ from typing import Any
 import _e2e
 import figures
 
-from adaptive_lb.bench import driver_name
+from adaptive_lb.tools.bench import driver_name
 
 REFERENCE = "stock"
 DEFAULT_VARIANTS = "stock,adaptive,adaptive-attach,adaptive-otel,adaptive-spans,stock-otel"

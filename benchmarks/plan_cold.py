@@ -39,9 +39,9 @@ from cassandra.protocol import ColumnMetadata
 from cassandra.query import PreparedStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb.bench import driver_name
-from adaptive_lb.cli_format import HelpFormatter
-from adaptive_lb.sim.driver_topology import build_cluster
+from adaptive_lb.tools.bench import driver_name
+from adaptive_lb.tools.cli_format import HelpFormatter
+from adaptive_lb.tools.sim.driver_topology import build_cluster
 
 KEYS = 100_000
 

@@ -28,8 +28,8 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb.cli_format import HelpFormatter
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+from adaptive_lb.tools.cli_format import HelpFormatter
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 
 def first_hosts(policy, statements) -> float:

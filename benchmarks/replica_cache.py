@@ -27,11 +27,11 @@ from collections.abc import Callable
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
-from adaptive_lb.bench import cluster_45, driver_name, timed_kops
-from adaptive_lb.cli_format import HelpFormatter
 from adaptive_lb.config import PolicyConfig
 from adaptive_lb.replica_cache import BREAK_EVEN_HIT_RATIO
-from adaptive_lb.sim.driver_topology import murmur3_routing_keys
+from adaptive_lb.tools.bench import cluster_45, driver_name, timed_kops
+from adaptive_lb.tools.cli_format import HelpFormatter
+from adaptive_lb.tools.sim.driver_topology import murmur3_routing_keys
 
 
 def resolver_case(cache_size: int, keys: list[bytes], active: bool) -> Callable[[int], None]:

@@ -34,9 +34,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import adaptive_lb
-from adaptive_lb.cli import HelpFormatter
-from adaptive_lb.peers.connect import connect_driver, wait_for_pools
-from adaptive_lb.peers.simulacron import Simulacron, ensure_simulacron_jar, pick_node_ip
+from adaptive_lb.tools.cli import HelpFormatter
+from adaptive_lb.tools.peers.connect import connect_driver, wait_for_pools
+from adaptive_lb.tools.peers.simulacron import Simulacron, ensure_simulacron_jar, pick_node_ip
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:

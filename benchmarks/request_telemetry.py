@@ -38,10 +38,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from tracking_overhead import _future, _Listeners
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb.cli_format import HelpFormatter
 from adaptive_lb.config import Config, MetricsConfig
 from adaptive_lb.request_spans import RequestTelemetry
-from adaptive_lb.sim.driver_topology import build_cluster
+from adaptive_lb.tools.cli_format import HelpFormatter
+from adaptive_lb.tools.sim.driver_topology import build_cluster
 from adaptive_lb.tracking import RequestTracker
 
 VARIANTS = ("tracked", "idle", "span", "span+duration")

@@ -35,8 +35,8 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.protocol import ResultMessage
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb.cli_format import HelpFormatter
-from adaptive_lb.sim.driver_topology import build_cluster
+from adaptive_lb.tools.cli_format import HelpFormatter
+from adaptive_lb.tools.sim.driver_topology import build_cluster
 from adaptive_lb.tracking import RequestTracker
 
 

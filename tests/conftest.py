@@ -19,7 +19,7 @@ if settings is not None:
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         settings.load_profile("ci")
 
-from adaptive_lb.sim.driver_topology import ClusterModel, build_cluster
+from adaptive_lb.tools.sim.driver_topology import ClusterModel, build_cluster
 
 
 @pytest.fixture

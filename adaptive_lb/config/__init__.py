@@ -17,7 +17,7 @@ file is read with every problem reported at once, each with its key path and lin
 ``defaults``       :func:`render_default_yaml`: ``config/default.yaml``, generated
 =================  =======================================================================
 
-The simulator's scenario files (:mod:`adaptive_lb.sim.scenario`) are read with the same
+The simulator's scenario files (:mod:`adaptive_lb.tools.sim.scenario`) are read with the same
 toolkit: same limits, same messages.
 """
 

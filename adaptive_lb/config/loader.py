@@ -1,7 +1,7 @@
 """The config file in and out: YAML text or file -> :class:`Config`, and back.
 
 :func:`load_document` is the one way a settings document is read -- the config file here,
-the simulator's scenario files too (:mod:`adaptive_lb.sim.scenario`): hardened YAML
+the simulator's scenario files too (:mod:`adaptive_lb.tools.sim.scenario`): hardened YAML
 (:mod:`.safe_yaml`), then every problem at once with its key path and line
 (:mod:`.structure`), duplicate keys first.
 """

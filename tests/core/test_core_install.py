@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import TracingConfig, load_config
 from adaptive_lb.exporters import register_otel_metrics, start_prometheus_server
-from adaptive_lb.sim.driver_topology import build_topology, murmur3_routing_keys
+from adaptive_lb.tools.sim.driver_topology import build_topology, murmur3_routing_keys
 from adaptive_lb.tracking import _Attempts
 
 CORE_ONLY = os.environ.get("ADAPTIVE_LB_CORE_ONLY") == "1"
@@ -106,15 +106,17 @@ def test_the_otlp_extra_is_not_installed():
 def test_importing_adaptive_lb_loads_no_sdk():
     """Nothing reachable from the package, its exporters or the CLI imports the SDK."""
     code = (
-        "import adaptive_lb, adaptive_lb.exporters, adaptive_lb.cli, adaptive_lb.config\n"
-        "import adaptive_lb.exporters.otlp, adaptive_lb.sim.cli\n"
-        "adaptive_lb.cli.build_parser()"
+        "import adaptive_lb, adaptive_lb.exporters, adaptive_lb.tools.cli, adaptive_lb.config\n"
+        "import adaptive_lb.exporters.otlp, adaptive_lb.tools.sim.cli\n"
+        "adaptive_lb.tools.cli.build_parser()"
     )
     assert loaded_optional(code) == []
 
 
 def test_cli_help_works_without_the_sdk():
-    result = run_python(BLOCK_OPTIONAL + "\nfrom adaptive_lb.cli import main\nmain(['--help'])")
+    result = run_python(
+        BLOCK_OPTIONAL + "\nfrom adaptive_lb.tools.cli import main\nmain(['--help'])"
+    )
     assert result.returncode == 0, result.stderr
     assert "usage" in result.stdout.lower()
 

@@ -26,7 +26,7 @@ Facts that shape this module (measured, see ``/work/shared/notes/real-cassandra.
   Each JVM is started through ``setpriv --pdeathsig KILL`` (when available), so it dies with
   the thread that started it even if the test process is SIGKILLed and ``atexit`` never runs.
 
-Fetching the jars, running each JVM and killing it by PID is :mod:`adaptive_lb.peers.jvm`;
+Fetching the jars, running each JVM and killing it by PID is :mod:`adaptive_lb.tools.peers.jvm`;
 this module holds what is Cassandra's own: configuration files, JVM options, the topology and
 readiness through ``system.peers_v2``.
 """
@@ -44,8 +44,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from adaptive_lb.peers.connect import CQL_PORT, connect_driver
-from adaptive_lb.peers.jvm import JvmProcess, java_command, maven_classpath, maven_classpath_ready
+from adaptive_lb.tools.peers.connect import CQL_PORT, connect_driver
+from adaptive_lb.tools.peers.jvm import (
+    JvmProcess,
+    java_command,
+    maven_classpath,
+    maven_classpath_ready,
+)
 
 __all__ = [
     "CASSANDRA_ARTIFACT",
@@ -147,7 +152,7 @@ def missing_tools() -> str | None:
 
 def ensure_cassandra_lib(cache_dir: Path | None = None, *, timeout: float = 900.0) -> Path:
     """Return ``<cache>/lib`` holding cassandra-all and all its runtime jars; fetch if needed
-    (see :func:`adaptive_lb.peers.jvm.maven_classpath`).
+    (see :func:`adaptive_lb.tools.peers.jvm.maven_classpath`).
 
     Raises:
         CassandraError: ``mvn`` is missing or fails.

@@ -1,5 +1,5 @@
 """The load generator lives in the package; re-exported here for the tests."""
 
-from adaptive_lb.peers.load import LoadResult, closed_loop
+from adaptive_lb.tools.peers.load import LoadResult, closed_loop
 
 __all__ = ["LoadResult", "closed_loop"]

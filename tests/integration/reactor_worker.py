@@ -60,7 +60,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy  # noqa
 
 import adaptive_lb  # noqa: E402
 from adaptive_lb.config import parse_config  # noqa: E402
-from adaptive_lb.peers.connect import connect_driver, wait_for_pools  # noqa: E402
+from adaptive_lb.tools.peers.connect import connect_driver, wait_for_pools  # noqa: E402
 
 QUERY = "SELECT v FROM ks.t WHERE k = ?"
 CONCURRENCY = 8

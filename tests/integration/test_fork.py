@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 import adaptive_lb
 from adaptive_lb.config import parse_config
-from adaptive_lb.peers.connect import connect_driver
+from adaptive_lb.tools.peers.connect import connect_driver
 from tests.integration.simulacron import Simulacron, wait_for_pools
 
 pytestmark = [

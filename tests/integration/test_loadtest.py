@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from adaptive_lb.loadtest import LoadtestOptions, run_loadtest
+from adaptive_lb.tools.loadtest import LoadtestOptions, run_loadtest
 from tests.otlp_receiver import attribute_values, otlp_http_receiver
 
 pytestmark = [
@@ -79,7 +79,7 @@ def test_failed_requests_are_counted_with_why_and_fail_the_command(tmp_path, mon
     """Requests that time out are counted by type with the first message, the command exits
     1 saying how many failed, and nothing is written into the current directory (Simulacron's
     Vert.x used to leave ``.vertx/`` there)."""
-    from adaptive_lb.cli import main
+    from adaptive_lb.tools.cli import main
 
     monkeypatch.chdir(tmp_path)
     slow = ["--slow-node", "1", "--delay", "50", "--timeout", "0.01", "--policy", "stock"]
@@ -100,7 +100,7 @@ def test_a_parameter_the_driver_cannot_bind_fails_the_request_not_the_thread(
     reported ``0 requests ... errors 0``."""
     from cassandra.policies import DCAwareRoundRobinPolicy
 
-    from adaptive_lb.peers.load import closed_loop
+    from adaptive_lb.tools.peers.load import closed_loop
 
     query = "SELECT v FROM ks.t WHERE k = ?"
     nodes = simulacron.create_cluster("bind", [["r1"]])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptive_lb.peers.net import can_bind
+from adaptive_lb.tools.peers.net import can_bind
 from tests.integration.simulacron import Simulacron
 
 pytestmark = pytest.mark.integration
@@ -26,7 +26,7 @@ import json, sys
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 import adaptive_lb
 from adaptive_lb.config import parse_config
-from adaptive_lb.peers.connect import connect_driver, wait_for_pools
+from adaptive_lb.tools.peers.connect import connect_driver, wait_for_pools
 
 contact, port, query = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 config = parse_config(

@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry
 from adaptive_lb import AdaptiveLoadBalancingPolicy
 from adaptive_lb.config import OtlpConfig, TracingConfig
 from adaptive_lb.exporters import setup_tracing, start_prometheus_server
-from adaptive_lb.peers.net import free_tcp_port
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+from adaptive_lb.tools.peers.net import free_tcp_port
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "exporters" / "grafana" / "adaptive-lb.json"

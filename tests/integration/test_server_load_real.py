@@ -22,8 +22,8 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, instrument
 from adaptive_lb.config import ServerLoadConfig
-from adaptive_lb.peers.connect import connect_driver
 from adaptive_lb.server_load import WATCHED_POOLS
+from adaptive_lb.tools.peers.connect import connect_driver
 from tests.integration.cassandra import CassandraCluster
 from tests.integration.test_real_cassandra import (
     FAST_NO_RACK,
@@ -84,7 +84,7 @@ OTHER_CLIENT = """
 import sys, threading, time
 from cassandra.policies import WhiteListRoundRobinPolicy
 from cassandra.query import SimpleStatement
-from adaptive_lb.peers.connect import connect_driver
+from adaptive_lb.tools.peers.connect import connect_driver
 
 address, seconds, concurrency = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 cluster, session = connect_driver(

@@ -43,8 +43,8 @@ from adaptive_lb import AdaptiveLoadBalancingPolicy
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import TrackingConfig
 from adaptive_lb.exporters import AdaptiveLbCollector
-from adaptive_lb.sim.driver_topology import ClusterModel, build_cluster, murmur3_routing_keys
 from adaptive_lb.stats import HostStats
+from adaptive_lb.tools.sim.driver_topology import ClusterModel, build_cluster, murmur3_routing_keys
 from adaptive_lb.tracking import _Attempts
 from tests.reliability.conftest import statement
 

@@ -16,7 +16,7 @@ from cassandra.protocol import OverloadedErrorMessage, ReadTimeoutErrorMessage, 
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config, ConfigError
 from adaptive_lb.config import HealthConfig, TrackingConfig
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 from adaptive_lb.tracking import _Attempts
 from tests.reliability.conftest import scaled, statement
 

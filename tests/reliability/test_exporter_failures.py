@@ -41,7 +41,7 @@ from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import OtlpConfig, TracingConfig
 from adaptive_lb.exporters import setup_tracing, span_export_totals
 from adaptive_lb.exporters.otlp import make_otlp_exporter
-from adaptive_lb.sim.driver_topology import build_cluster
+from adaptive_lb.tools.sim.driver_topology import build_cluster
 from tests.reliability.conftest import SCALE
 
 SECRET = "Bearer s3cr3t-t0ken-value"

@@ -20,7 +20,7 @@ from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import ConfigWatcher, HealthConfig, TracingConfig
 from adaptive_lb.exporters import AdaptiveLbCollector, register_otel_metrics
 from adaptive_lb.replicas import ReplicaResolver
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 from tests.reliability.conftest import statement
 
 PLANS = 300

@@ -22,7 +22,7 @@ from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import PolicyConfig
 from adaptive_lb.replicas import MAX_CACHED_KEY_BYTES
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 from adaptive_lb.tracking import _Attempts
 from tests.reliability.conftest import scaled, statement
 

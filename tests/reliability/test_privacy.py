@@ -59,7 +59,7 @@ from adaptive_lb.exporters import (
     start_exporters,
     start_prometheus_server,
 )
-from adaptive_lb.sim.driver_topology import ClusterModel, build_cluster
+from adaptive_lb.tools.sim.driver_topology import ClusterModel, build_cluster
 from adaptive_lb.tracing import EVENT_NAME, Decision
 from adaptive_lb.tracking import _Attempts
 

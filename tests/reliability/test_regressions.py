@@ -17,8 +17,8 @@ from cassandra.protocol import ResultMessage
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.clock import SYSTEM_CLOCK, ManualClock
 from adaptive_lb.config import HealthConfig, TrackingConfig
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
 from adaptive_lb.stats import HostStats
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 from adaptive_lb.tracking import _Attempts
 from tests.reliability.conftest import scaled, statement
 

@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import adaptive_lb
 from adaptive_lb import AdaptiveLoadBalancingPolicy, ConfigError
 from adaptive_lb.config import Config, MetricsConfig
-from adaptive_lb.peers.net import free_tcp_port
-from adaptive_lb.sim.driver_topology import build_cluster
+from adaptive_lb.tools.peers.net import free_tcp_port
+from adaptive_lb.tools.sim.driver_topology import build_cluster
 from tests.unit.test_attach import StandInSession
 
 

@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from adaptive_lb import bench
+from adaptive_lb.tools import bench
 
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
@@ -76,7 +76,7 @@ def test_paired_rounds_time_every_policy_and_take_ratios_per_round():
 def test_scale_compares_two_sizes_in_the_same_rounds():
     from cassandra.query import SimpleStatement
 
-    from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+    from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
     statements = [
         SimpleStatement("SELECT v FROM ks.t WHERE k = ?", routing_key=key, keyspace="ks")
@@ -103,7 +103,7 @@ def test_the_floor_yields_the_first_local_replica_of_each_key():
     of the key in the driver's own token map (so it is a fair lower bound, not a no-op)."""
     from cassandra.query import SimpleStatement
 
-    from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+    from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
     plan_floor = _benchmark("plan_floor")
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from adaptive_lb import bench
-from adaptive_lb.cli import build_parser, format_written, main
-from adaptive_lb.sim.progress import ProgressBar
+from adaptive_lb.tools import bench
+from adaptive_lb.tools.cli import build_parser, format_written, main
+from adaptive_lb.tools.sim.progress import ProgressBar
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_TINY = ["--plans", "200", "--repeats", "1", "--keys", "200", "--skip-1000"]
@@ -124,8 +124,11 @@ def _entry_point(name: str) -> list[str]:
     ("argv", "usage"),
     [
         (["bench", "--help"], "usage: adaptive-lb bench "),
-        (["-m", "adaptive_lb.sim", "--help"], "usage: python -m adaptive_lb.sim "),
-        (["-m", "adaptive_lb.sim", "demo", "--help"], "usage: python -m adaptive_lb.sim demo "),
+        (["-m", "adaptive_lb.tools.sim", "--help"], "usage: python -m adaptive_lb.tools.sim "),
+        (
+            ["-m", "adaptive_lb.tools.sim", "demo", "--help"],
+            "usage: python -m adaptive_lb.tools.sim demo ",
+        ),
     ],
 )
 def test_the_real_entry_points_name_themselves(argv, usage, tmp_path) -> None:

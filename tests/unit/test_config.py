@@ -40,7 +40,7 @@ from adaptive_lb.config import (
     render_default_yaml,
 )
 from adaptive_lb.config.defaults import COMMAND as DEFAULT_YAML_COMMAND
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.yaml"))
@@ -707,7 +707,7 @@ def test_dump_config_masks_header_values_unless_asked(capsys, tmp_path):
     assert parse_config(revealed) == config
     assert dump_config(Config()) == dump_config(Config(), reveal_secrets=True)
 
-    from adaptive_lb.cli import main
+    from adaptive_lb.tools.cli import main
 
     path = tmp_path / "c.yaml"
     path.write_text(f'{OTLP}    headers:\n      Authorization: "{SECRET}"\n')

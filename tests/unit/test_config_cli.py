@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from adaptive_lb.cli import build_parser, main
 from adaptive_lb.config import (
     Config,
     json_schema,
@@ -18,6 +17,7 @@ from adaptive_lb.config import (
     parse_config,
     render_default_yaml,
 )
+from adaptive_lb.tools.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config" / "examples" / "low-latency-local-one.yaml"
@@ -117,7 +117,7 @@ def test_module_runs_without_installation(tmp_path):
     bad.write_text("policy:\n  sample_size: 100\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("ADAPTIVE_LB_CONFIG", None)
-    command = [sys.executable, "-m", "adaptive_lb.cli", "config", "validate"]
+    command = [sys.executable, "-m", "adaptive_lb.tools.cli", "config", "validate"]
     good = subprocess.run(
         [*command, str(EXAMPLE)], capture_output=True, text=True, env=env, timeout=120
     )
@@ -139,10 +139,10 @@ def test_module_runs_without_installation(tmp_path):
     ],
 )
 def test_bench_forwards_its_arguments_untouched(argv, monkeypatch):
-    import adaptive_lb.bench
+    import adaptive_lb.tools.bench
 
     received = []
-    monkeypatch.setattr(adaptive_lb.bench, "main", lambda args: received.append(args) or 0)
+    monkeypatch.setattr(adaptive_lb.tools.bench, "main", lambda args: received.append(args) or 0)
     assert main(["bench", *argv]) == 0
     assert received == [argv]
     # Through the parser too (``args.handler``), for callers that parse first.

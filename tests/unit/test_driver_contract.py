@@ -28,7 +28,7 @@ from adaptive_lb._driver_policies import (
     tablets_of,
     token_value_function,
 )
-from adaptive_lb.sim.driver_topology import build_cluster
+from adaptive_lb.tools.sim.driver_topology import build_cluster
 
 
 def installed_driver() -> str:

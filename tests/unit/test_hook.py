@@ -13,7 +13,7 @@ from cassandra.protocol import ResultMessage
 from adaptive_lb import AdaptiveLoadBalancingPolicy
 from adaptive_lb._driver import FUTURE_POLICY_ATTRIBUTE, hook_future
 from adaptive_lb.clock import ManualClock
-from adaptive_lb.sim.driver_topology import build_cluster
+from adaptive_lb.tools.sim.driver_topology import build_cluster
 from adaptive_lb.tracking import _Attempts
 
 SCHEMA_CHANGE = ResultMessage(5)  # RESULT_KIND_SCHEMA_CHANGE: the driver ends it later

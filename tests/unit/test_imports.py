@@ -8,7 +8,8 @@
   reaches no driver module, directly or through the modules it imports.
 * The layers drawn in docs/design.md ("Where it lives") are the imports' own: every module
   of the library is in a row, imports nothing from a row above its own, and no module of
-  the library imports a tool (the simulator, the peers, the CLI and its commands).
+  the library imports a tool (``adaptive_lb.tools``: the simulator, the peers, the CLI and
+  its commands).
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ assert _SPEC is not None and _SPEC.submodule_search_locations
 PACKAGE = Path(next(iter(_SPEC.submodule_search_locations))).resolve()
 DESIGN = Path(__file__).resolve().parents[2] / "docs" / "design.md"
 DRIVER_MODULES = ("cassandra",)
-TOOLS = frozenset(
-    ("sim", "peers", "cli", "cli_format", "bench", "loadtest", "loadtest_cli", "sandbox")
-)
-"""The tools around the library (second component of their module names), and
-``__main__``, which runs the CLI."""
+TOOLS = frozenset(("tools",))
+"""The tools around the library (second component of their module names: the
+``adaptive_lb.tools`` package: the simulator, the peers, the CLI and its commands). Besides
+them only ``adaptive_lb.__main__``, which runs the CLI, may import a tool."""
 LEFT_COLUMN = 38
 """Width of the module column of the layer drawing in docs/design.md."""
 

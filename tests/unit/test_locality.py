@@ -18,7 +18,7 @@ from adaptive_lb.config import (
 from adaptive_lb.health import HealthState
 from adaptive_lb.locality import LocalRack, RackLearner, resolve_local_rack
 from adaptive_lb.planner import PlanRecord
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 from tests.unit.test_tracing import decision_attributes
 
 MS = 1_000_000

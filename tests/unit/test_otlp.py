@@ -21,7 +21,7 @@ from adaptive_lb.config import OtlpConfig, TracingConfig
 from adaptive_lb.exporters import setup_tracing, span_export_totals
 from adaptive_lb.exporters.backoff import BackoffSpanExporter
 from adaptive_lb.exporters.span_counts import ExportCounts
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 from tests.otlp_receiver import otlp_http_receiver, otlp_spans
 
 

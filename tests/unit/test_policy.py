@@ -24,7 +24,7 @@ from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import PolicyConfig
 from adaptive_lb.health import HealthState
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 try:
     from cassandra.policies import RackAwareRoundRobinPolicy

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import PolicyConfig
-from adaptive_lb.sim.driver_topology import build_cluster
+from adaptive_lb.tools.sim.driver_topology import build_cluster
 
 from .test_policy import CHILD_FACTORIES
 

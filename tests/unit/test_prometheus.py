@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.exporters import start_prometheus_server
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 MS = 1_000_000
 

@@ -14,7 +14,7 @@ from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, PolicyConfig
 from adaptive_lb.health import HealthState
 from adaptive_lb.proximity import rack_proximity
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 MS = 1_000_000
 

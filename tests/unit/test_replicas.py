@@ -13,7 +13,7 @@ from cassandra.query import PreparedStatement, SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
 from adaptive_lb._driver_policies import tablets_of
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 
 def populated(model, child):

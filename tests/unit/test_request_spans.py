@@ -28,7 +28,7 @@ from adaptive_lb.request_spans import (
     RequestTelemetry,
     operation_name,
 )
-from adaptive_lb.sim.driver_topology import build_cluster
+from adaptive_lb.tools.sim.driver_topology import build_cluster
 from adaptive_lb.tracing import EVENT_NAME
 
 MS = 1_000_000

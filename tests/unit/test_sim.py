@@ -12,19 +12,20 @@ import adaptive_lb
 from adaptive_lb.config import ConfigError
 from adaptive_lb.probes import ProbeOrder
 from adaptive_lb.sampling import Sampler
-from adaptive_lb.sim import runner
-from adaptive_lb.sim.cli import DEMO_SCENARIOS, main
-from adaptive_lb.sim.driver_side import PoolCounts, attach_driver_side
-from adaptive_lb.sim.engine import Engine
-from adaptive_lb.sim.metrics import Recorder
-from adaptive_lb.sim.node import Node
-from adaptive_lb.sim.policies import NoFeedback, build_policy
-from adaptive_lb.sim.report import ScenarioReport, to_json
-from adaptive_lb.sim.runner import run_policy
-from adaptive_lb.sim.scenario import NodesSpec, load_scenario, parse_scenario, scenario_dir
-from adaptive_lb.sim.workload import SUCCEEDED, TIMED_OUT, Client
+from adaptive_lb.tools.sim import runner
+from adaptive_lb.tools.sim.cli import DEMO_SCENARIOS, main
+from adaptive_lb.tools.sim.driver_side import PoolCounts, attach_driver_side
+from adaptive_lb.tools.sim.engine import Engine
+from adaptive_lb.tools.sim.metrics import Recorder
+from adaptive_lb.tools.sim.node import Node
+from adaptive_lb.tools.sim.policies import NoFeedback, build_policy
+from adaptive_lb.tools.sim.report import ScenarioReport, to_json
+from adaptive_lb.tools.sim.runner import run_policy
+from adaptive_lb.tools.sim.scenario import NodesSpec, load_scenario, parse_scenario, scenario_dir
+from adaptive_lb.tools.sim.workload import SUCCEEDED, TIMED_OUT, Client
 
-SCENARIOS = Path(adaptive_lb.__file__).resolve().parent / "data" / "scenarios"  # as installed
+# As installed: the checkout's, or the wheel's (CI).
+SCENARIOS = Path(adaptive_lb.__file__).resolve().parent / "tools" / "sim" / "scenarios"
 MS = 1_000_000
 S = 1_000_000_000
 
@@ -179,11 +180,11 @@ def test_the_stock_scenarios_are_the_package_data() -> None:
     ships and ``adaptive-lb demo`` / ``simulate NAME`` read, from any directory."""
     from importlib import resources
 
-    shipped = resources.files("adaptive_lb").joinpath("data/scenarios")
+    shipped = resources.files("adaptive_lb.tools.sim").joinpath("scenarios")
     names = {entry.name for entry in shipped.iterdir() if entry.name.endswith(".yaml")}
     assert names >= {f"{name}.yaml" for name in DEMO_SCENARIOS}
     assert scenario_dir() == SCENARIOS.resolve()
-    assert not (SCENARIOS.parents[2] / "config" / "scenarios").exists()
+    assert not (SCENARIOS.parents[4] / "config" / "scenarios").exists()
 
 
 def test_simulate_takes_a_stock_scenario_by_name(tmp_path, capsys) -> None:

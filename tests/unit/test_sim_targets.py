@@ -9,10 +9,16 @@ from typing import Any
 import pytest
 
 from adaptive_lb.config import Config, ConfigError
-from adaptive_lb.sim.metrics import PolicyResult, Recorder, pause_returns, settled, slow_verdicts
-from adaptive_lb.sim.report import ScenarioReport
-from adaptive_lb.sim.scenario import load_scenario, parse_scenario, scenario_dir
-from adaptive_lb.sim.targets import check_targets
+from adaptive_lb.tools.sim.metrics import (
+    PolicyResult,
+    Recorder,
+    pause_returns,
+    settled,
+    slow_verdicts,
+)
+from adaptive_lb.tools.sim.report import ScenarioReport
+from adaptive_lb.tools.sim.scenario import load_scenario, parse_scenario, scenario_dir
+from adaptive_lb.tools.sim.targets import check_targets
 
 S = 1_000_000_000
 

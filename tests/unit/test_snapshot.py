@@ -26,8 +26,8 @@ from cassandra.query import SimpleStatement
 import adaptive_lb.stats as stats_module
 from adaptive_lb import AdaptiveLoadBalancingPolicy
 from adaptive_lb.clock import ManualClock
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
 from adaptive_lb.snapshot import AS_OF, HostSnapshot, PolicySnapshot
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "observability.md"

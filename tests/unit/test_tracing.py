@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import PrivacyConfig, TracingConfig
 from adaptive_lb.planner import PlanRecord
-from adaptive_lb.sim.driver_topology import build_cluster, murmur3_routing_keys
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 from adaptive_lb.tracing import (
     CANDIDATES_ATTRIBUTE,
     EVENT_NAME,

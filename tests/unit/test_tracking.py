@@ -20,7 +20,7 @@ from cassandra.protocol import (
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
 from adaptive_lb.clock import ManualClock
-from adaptive_lb.sim.driver_topology import build_cluster
+from adaptive_lb.tools.sim.driver_topology import build_cluster
 from adaptive_lb.tracking import RequestTracker, _Attempts
 
 MS = 1_000_000

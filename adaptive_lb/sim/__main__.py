@@ -1,8 +1,0 @@
-"""``python -m adaptive_lb.sim demo|simulate ...``."""
-
-import sys
-
-from adaptive_lb.sim.cli import main
-
-if __name__ == "__main__":
-    sys.exit(main())

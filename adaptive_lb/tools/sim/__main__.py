@@ -1,0 +1,8 @@
+"""``python -m adaptive_lb.tools.sim demo|simulate ...``."""
+
+import sys
+
+from adaptive_lb.tools.sim.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""What the driver and request tracking do for adaptive-lb in production, simulated per
+client on the virtual clock, so that the simulator drives the same rules as production:
+
+* :class:`PoolCounts` -- the driver's in-flight count of each host's connection pool
+  (:func:`adaptive_lb._driver.pool_in_flight_reader`), given to the policy as its in-flight
+  source (``policy.stats.add_in_flight_source``): an attempt (or probe) counts from its
+  send until *the node* answers it. An attempt the client timed out on stays counted until
+  the simulated node's late answer arrives (the driver's orphaned stream), so a stalled
+  node's count keeps rising; every request counts, tracked or not. A host marked down has
+  no pool: 0.
+* request sampling -- the policy's own :class:`~adaptive_lb.sampling.Sampler` is asked once
+  per request (:meth:`~adaptive_lb.sampling.Sampler.take`, on the virtual clock), and only
+  the requests it picks feed the policy's statistics, every attempt of them
+  (:class:`~adaptive_lb.tools.sim.workload.Client`).
+* :class:`SimProber` -- the active probes (:mod:`adaptive_lb.prober`): the policy's
+  ``use_prober`` sender, sending each ordered probe to its node as a coordinator-only task
+  (network both ways, the node's queue, pauses, injected faults, down) with
+  ``health.probe_timeout``, its outcome recorded on the host's
+  :class:`~adaptive_lb.probe_record.ProbeRecord` exactly as the prober's callbacks do.
+
+Not modelled: the driver replacing a connection whose orphaned streams pass its threshold
+(the simulated nodes answer every request they accept, except under a ``timeouts`` fault).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from adaptive_lb.probe_record import ANSWERED, FAILED, TIMEOUT
+from adaptive_lb.probes import ProbeOrder
+from adaptive_lb.tools.sim.engine import NS_PER_S, Engine
+from adaptive_lb.tools.sim.node import DROPPED, FAILED_FAST, Node
+from adaptive_lb.tools.sim.servers import SimulatedServers
+
+__all__ = ["PoolCounts", "SimProber", "attach_driver_side"]
+
+
+class PoolCounts:
+    """One client's connection pools: in-flight count per host (see the module
+    docstring). Called with a host, as an in-flight source, it reads that host's count."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self) -> None:
+        self._counts: dict[int, int] = {}
+
+    def sent(self, host: Any) -> None:
+        """An attempt or probe borrowed a stream of ``host``'s pool."""
+        key = id(host)
+        self._counts[key] = self._counts.get(key, 0) + 1
+
+    def answered(self, host: Any) -> None:
+        """``host`` answered one of them (in time or late): its stream is released."""
+        key = id(host)
+        count = self._counts.get(key, 0)
+        if count > 0:
+            self._counts[key] = count - 1
+
+    def __call__(self, host: Any) -> int:
+        if host.is_up is False:
+            return 0  # the driver dropped the host's pool
+        return self._counts.get(id(host), 0)
+
+
+class _Probe:
+    """One probe on its way."""
+
+    __slots__ = ("ended", "failures", "node", "record", "sent_ns")
+
+    def __init__(self, node: Node, record: Any, failures: int, sent_ns: int) -> None:
+        self.node = node
+        self.record = record
+        self.failures = failures
+        self.sent_ns = sent_ns
+        self.ended = False
+
+
+class SimProber:
+    """Sends one client's probes (``policy.use_prober(prober.send)``); see the module
+    docstring. ``zone`` is the client's, ``pools`` its :class:`PoolCounts`."""
+
+    def __init__(
+        self, policy: Any, zone: str, servers: SimulatedServers, pools: PoolCounts
+    ) -> None:
+        self.policy = policy
+        self.zone = zone
+        self.servers = servers
+        self.engine: Engine = servers.engine
+        self.pools = pools
+        self.sent = 0
+        """Probes sent by this client."""
+
+    def send(self, order: ProbeOrder) -> None:
+        """Send the probe ``order`` asks for (what :class:`adaptive_lb.prober.Prober` does
+        through the driver)."""
+        policy = self.policy
+        stats = order.stats
+        record = stats.probes
+        if not record.begin(policy.now_ns(), order.next_ns, order.reason):
+            return
+        self.sent += 1
+        node = self.servers.node_of(order.key)
+        engine = self.engine
+        probe = _Probe(node, record, stats.errors_total + stats.timeouts_total, engine.now)
+        self.pools.sent(node.host)
+        timeout_ns = round(policy.config.health.probe_timeout * NS_PER_S)
+        engine.at(engine.now + timeout_ns, self._timed_out, probe)
+        delay = self.servers.network.delay(self.zone, node.zone)
+        engine.at(engine.now + delay, self._arrive, probe)
+
+    def _arrive(self, probe: _Probe) -> None:
+        node = probe.node
+        now = self.engine.now
+        if node.down:
+            self._reply(probe, FAILED, now, reset=True)  # connection reset
+            return
+        fault = node.injected_fault(now)
+        if fault == FAILED_FAST:
+            self._reply(probe, FAILED, node.resume_time(now) + node.coord_ns)
+            return
+        if fault == DROPPED:
+            return  # never answered: its timeout ends it, its stream stays taken
+        if not node.submit(True, False, self._served, probe, self._lost):
+            self._reply(probe, FAILED, now)  # Overloaded: shed at the door
+
+    def _served(self, probe: _Probe) -> None:
+        self._reply(probe, ANSWERED, self.engine.now)
+
+    def _lost(self, probe: _Probe) -> None:
+        self._reply(probe, FAILED, self.engine.now, reset=True)  # the node died with it
+
+    def _reply(self, probe: _Probe, outcome: str, at: int, reset: bool = False) -> None:
+        delay = 0 if reset else self.servers.network.delay(probe.node.zone, self.zone)
+        self.engine.at(at + delay, self._answer, (probe, outcome))
+
+    def _answer(self, token: tuple[_Probe, str]) -> None:
+        probe, outcome = token
+        self.pools.answered(probe.node.host)
+        if probe.ended:
+            return  # timed out before: the driver's errback ran then
+        probe.ended = True
+        if outcome == ANSWERED:
+            probe.record.end(ANSWERED, self.policy.now_ns(), probe.failures)
+        else:
+            probe.record.end(outcome, self.policy.now_ns())
+
+    def _timed_out(self, probe: _Probe) -> None:
+        if probe.ended:
+            return
+        probe.ended = True
+        probe.record.end(TIMEOUT, self.policy.now_ns())
+
+
+def attach_driver_side(
+    policy: Any, zone: str, servers: SimulatedServers, rng: random.Random
+) -> tuple[PoolCounts, SimProber]:
+    """Give an adaptive ``policy`` of a client in ``zone`` what request tracking gives it
+    in production: its in-flight source (the client's pools) and its probe sender, with a
+    probe scheduler jittered from ``rng`` (so a run stays a function of its seed)."""
+    pools = PoolCounts()
+    policy.stats.add_in_flight_source(pools)
+    prober = SimProber(policy, zone, servers, pools)
+    policy.use_prober(prober.send, rng=rng)  # the same rules, seeded
+    return pools, prober
