@@ -16,6 +16,7 @@ importable from here too.
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -148,6 +149,8 @@ class HealthModel:
             self._health[key] = new
             self._forgotten.discard(key)
             stats.publish_health(new.state, new.penalty)
+            stats.latency.reset()  # restarted: what it answered before says nothing now
+            stats.latency_factor = 1.0
             transition = HealthTransition(key, old, new)
             self._unreported[key] = transition
         stats.load.came_back()  # restarted, perhaps upgraded: has it thread pools now?
@@ -262,9 +265,11 @@ class HealthModel:
             windows, groups, config, racks, thin_distances, 50.0, MIN_EVIDENCE, strict=True
         )
         spread = latency_spread(windows.values())
+        peer_samples = _typical_samples(windows, groups)
 
         transitions = []
         probing = self.probing and config.probe_interval > 0
+        latency_config = config.latency_factor
         stalled: dict[Hashable, float] = {}
         with self._state_lock:
             for key, window in windows.items():
@@ -295,6 +300,22 @@ class HealthModel:
                         old, new, host.probes, config, now, window_s, answers, window.in_flight
                     )
                 self._health[key] = new
+                latency = host.latency
+                if old.state is HealthState.ERRORING and new.state not in _PENALISED:
+                    # Out of a stall or errors: the answers caught in it were not the
+                    # host's service time (the window restarts below).
+                    latency.reset()
+                else:
+                    latency.update(
+                        now,
+                        window.latency.get(50.0),
+                        typical[key],
+                        window.samples,
+                        peer_samples.get(groups.get(key), 0),
+                        spread,
+                        latency_config,
+                    )
+                host.latency_factor = latency.factor
                 if new.probe is None:
                     host.publish_health(new.state, new.penalty)
                 elif new.probe is not old.probe:
@@ -371,3 +392,16 @@ class HealthModel:
             new.penalty,
             new.reason,
         )
+
+
+def _typical_samples(
+    windows: Mapping[Hashable, WindowStats], groups: Mapping[Hashable, Hashable]
+) -> dict[Hashable, int]:
+    """Per group, the median sample count of its hosts with ``MIN_EVIDENCE`` answers: about
+    how many answers of each peer the evidence rules' peer median rests on (the latency
+    factor weighs its uncertainty too)."""
+    counts: dict[Hashable, list[int]] = {}
+    for key, window in windows.items():
+        if window.samples >= MIN_EVIDENCE:
+            counts.setdefault(groups.get(key), []).append(window.samples)
+    return {group: round(statistics.median(values)) for group, values in counts.items()}

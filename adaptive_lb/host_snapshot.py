@@ -153,6 +153,16 @@ class HostSnapshot:
     """Thread-pool reads sent to the host (counted apart from the user's attempts)."""
     server_load_read_failures_total: int = field(metadata=LIFETIME)
     """Thread-pool reads that timed out, failed or could not be sent."""
+    latency_factor: float = field(metadata=REFRESH)
+    """Multiplier of the host's load score from the latency it shows
+    (``health.latency_factor``): how surely slower than its peers it answers, beyond the
+    dead band, decaying with time; 1 = none, up to ``health.latency_factor.cap``."""
+    latency_ratio: float | None = field(metadata=REFRESH)
+    """The host's median latency over its peers' median at the last refresh; None without
+    an answer in the window or a peer with a few."""
+    latency_ratio_low: float | None = field(metadata=REFRESH)
+    """The lower confidence bound of that ratio (``health.latency_factor.certainty``
+    standard errors): what the factor is made from while the window holds the evidence."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data: ``{field name: value}``."""
@@ -173,6 +183,7 @@ class HostSnapshot:
         stats = view.stats
         probes = stats.probes
         load = stats.load
+        latency_record = stats.latency
         window = health.window_stats(host)
         verdict = health.health(host)
         latency = window.latency if window is not None else {}
@@ -218,6 +229,9 @@ class HostSnapshot:
             server_load_source=_load_source(load.supported, load.unsupported_reason),
             server_load_reads_total=load.sent,
             server_load_read_failures_total=load.failed,
+            latency_factor=stats.latency_factor,
+            latency_ratio=latency_record.ratio,
+            latency_ratio_low=latency_record.low,
         )
 
 

@@ -10,6 +10,9 @@ The score of a candidate host is Netflix's WLLLB formula::
             x health_penalty           (1 when healthy, up to 64 when not)
             x server_load              the node's own view of its queues, damped
                                        (1 .. health.server_load.cap; adaptive_lb.server_load)
+            x latency_factor           how surely slower than its peers it answers, beyond a
+                                       dead band, decaying with time (1 ..
+                                       health.latency_factor.cap; adaptive_lb.latency_factor)
 
 Lower is better. Equal scores are broken at random so that equal hosts share the load
 evenly (replicas by a tiny jitter, fill hosts by their random window order); LWT plans use
@@ -18,8 +21,8 @@ coordinator.
 
 Everything here works on :class:`HostView` objects, which carry an opaque ``host`` (a driver
 ``Host`` in production, anything hashable in the simulator) and a live statistics object with
-four attributes read lock-free: ``in_flight``, ``rack_penalty``, ``health_penalty`` and
-``server_load``.
+five attributes read lock-free: ``in_flight``, ``rack_penalty``, ``health_penalty``,
+``server_load`` and ``latency_factor``.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class HostLoad(Protocol):
     rack_penalty: float
     health_penalty: float
     server_load: float
+    latency_factor: float
 
 
 _Load_co = TypeVar("_Load_co", bound=HostLoad, covariant=True)
@@ -118,9 +122,9 @@ class HostWindow(Protocol[_T_co]):
 
 def penalty_of(view: HostView[HostLoad], is_replica: bool, non_replica_penalty: float) -> float:
     """The multiplier of ``in_flight + 1`` in ``view``'s score: rack x health penalties x
-    server load, x ``non_replica_penalty`` unless ``is_replica``."""
+    server load x latency factor, x ``non_replica_penalty`` unless ``is_replica``."""
     stats = view.stats
-    penalty = stats.rack_penalty * stats.health_penalty * stats.server_load
+    penalty = stats.rack_penalty * stats.health_penalty * stats.server_load * stats.latency_factor
     return penalty if is_replica else penalty * non_replica_penalty
 
 
@@ -141,6 +145,7 @@ def best_replica(replicas: Sequence[HostView[_Load]]) -> tuple[HostView[_Load], 
             * stats.rack_penalty
             * stats.health_penalty
             * stats.server_load
+            * stats.latency_factor
             * (1.0 + TIE_JITTER * random())
         )
         if score < best_score:
@@ -185,6 +190,7 @@ def lowest_score(fill: Sequence[HostView[_Load]], non_replica_penalty: float) ->
             * stats.rack_penalty
             * stats.health_penalty
             * stats.server_load
+            * stats.latency_factor
             * non_replica_penalty
         )
         if score < lowest:
@@ -215,6 +221,7 @@ def order(
                 * stats.rack_penalty
                 * stats.health_penalty
                 * stats.server_load
+                * stats.latency_factor
                 * (1.0 + TIE_JITTER * random()),
                 view,
             )
@@ -227,6 +234,7 @@ def order(
                 * stats.rack_penalty
                 * stats.health_penalty
                 * stats.server_load
+                * stats.latency_factor
                 * non_replica_penalty,
                 view,
             )

@@ -32,6 +32,7 @@ from adaptive_lb._hdr import percentile_values
 from adaptive_lb.clock import Clock
 from adaptive_lb.config import TrackingConfig
 from adaptive_lb.health_state import HealthState
+from adaptive_lb.latency_factor import LatencyRecord
 from adaptive_lb.probe_record import ProbeRecord
 from adaptive_lb.server_load import ServerLoadRecord
 from adaptive_lb.window import ERROR, ROTATE, TIMEOUT, SlidingWindow, WindowLayout
@@ -95,6 +96,8 @@ class HostStats:
         "errors_total",
         "health_penalty",
         "health_state",
+        "latency",
+        "latency_factor",
         "load",
         "pool_in_flight",
         "probe_left",
@@ -147,6 +150,12 @@ class HostStats:
         self.load = ServerLoadRecord()
         """Reads of the host's thread pools (:mod:`adaptive_lb.server_load`), counted
         apart from the user's requests."""
+        self.latency_factor = 1.0
+        """Score multiplier from the latency the host shows against its peers' (read
+        lock-free by the policy, written by the health refresh:
+        :mod:`adaptive_lb.latency_factor`)."""
+        self.latency = LatencyRecord()
+        """The envelope the latency factor comes from, and its inputs at the last refresh."""
         self._lock = threading.Lock()
         """Guards the counters above and the events list (the request path's lock)."""
         self._replay_lock = threading.Lock()

@@ -41,13 +41,13 @@ EVENT_NAME = "adaptive_lb.decision"
 SPAN_NAME = "adaptive_lb.query_plan"
 CANDIDATES_ATTRIBUTE = "adaptive_lb.candidates"
 """Every candidate in the order tried, as one string: entries ``address:port in_flight=N
-health=STATE penalty=P score=S replica=True|False server_load=L`` (numbers to 6
-significant digits, the server-load factor to 3; the score is ``(in_flight + 1) x
-penalty``, the penalty includes the server-load factor) separated by ``"; "``. One
+health=STATE penalty=P score=S replica=True|False server_load=L latency=F`` (numbers to 6
+significant digits, the server-load and latency factors to 3; the score is
+``(in_flight + 1) x penalty``, the penalty includes both factors) separated by ``"; "``. One
 string, not an array per field: the SDK checks every element of an array attribute (~60 us
 per decision)."""
 
-_FIELDS = "in_flight=%d health=%s penalty=%.6g score=%.6g replica=%s server_load=%.3g"
+_FIELDS = "in_flight=%d health=%s penalty=%.6g score=%.6g replica=%s server_load=%.3g latency=%.3g"
 _CANDIDATE = "%s:%s " + _FIELDS
 _CANDIDATE_NO_PORT = "%s " + _FIELDS
 
@@ -151,6 +151,7 @@ def build_decision(
             (in_flight + 1) * penalty,  # scoring.score_of, from the values recorded
             is_replica,
             stats.server_load,
+            stats.latency_factor,
         )
         transition = pop_transition(host)
         if transition is not None:

@@ -175,6 +175,33 @@ class ServerLoadConfig:
 
 
 @define(frozen=True, slots=True)
+class LatencyFactorConfig:
+    """Between health verdicts, the latency each host shows weighs in its score: a factor
+    from the lower confidence bound of how much slower than its peers the host answers,
+    raised at once by slow answers and halving with time so that the host is tried again
+    (docs/design.md, "The latency factor")."""
+
+    cap: float = field(default=4.0, validator=[number, ge(1.0), le(100.0)])
+    """Largest score factor from latency (1: computed and shown, never weighed). A SLOW or
+    stalled host's penalty (64-1,024) still dominates it."""
+    dead_band: float = field(default=1.25, validator=[number, ge(1.0), le(10.0)])
+    """Ratio to its peers' median latency that a host may surely have without a factor:
+    the factor is (the surely-slower ratio) / this, at least 1. Absorbs small real
+    differences between nodes and the histograms' 1 % resolution."""
+    certainty: float = field(default=2.0, validator=[number, ge(0.0), le(10.0)])
+    """How sure, in standard errors of its median, a host must be slower than its peers
+    before the gap weighs: the factor comes from the lower confidence bound of the gap.
+    Lower than ``health.certainty`` (a verdict, 64 x): a factor is proportional and
+    decays. With 2 and a cluster log-spread of 0.3, one answer 2.7 x the peers' median
+    already counts, ten answers 1.5 x."""
+    half_life: float = duration(10.0, ge(0.0), le(600.0))
+    """How fast the factor decays once the evidence no longer holds it up (the host's
+    answers have left the window): it halves in this long, and the host is tried again
+    when it reaches 1. Slow answers raise it at once; fast ones bring it down at once. 0:
+    no memory beyond the window's evidence."""
+
+
+@define(frozen=True, slots=True)
 class HealthConfig:
     """When a host counts as SLOW, ERRORING or WARMING, and what that costs it."""
 
@@ -236,6 +263,8 @@ class HealthConfig:
     """Score multiplier per health state."""
     server_load: ServerLoadConfig = field(factory=ServerLoadConfig)
     """The server's own view of its load (Cassandra 4.0+ thread pools) in the score."""
+    latency_factor: LatencyFactorConfig = field(factory=LatencyFactorConfig)
+    """The latency each host shows, in proportion to the evidence, in the score."""
 
 
 @define(frozen=True, slots=True)

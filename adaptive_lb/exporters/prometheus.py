@@ -25,6 +25,7 @@ Families (``_total`` is added by the exposition format to counters):
   ``adaptive_lb_host_server_load`` (the score factor from the node's thread pools),
   ``adaptive_lb_host_server_pressure_ratio`` and ``adaptive_lb_host_server_load_reads_total``
   / ``..._read_failures_total`` (reads of ``system_views.thread_pools``, not user requests);
+  ``adaptive_lb_host_latency_factor`` (the score factor from the latency the host shows);
 - ``adaptive_lb_decisions_total{position=...}``, ``adaptive_lb_replica_cache_hits_total`` /
   ``_misses_total`` / ``_bypassed_total`` / ``_evictions_total`` / ``_invalidations_total``,
   ``adaptive_lb_replica_cache_size`` (gauge), ``adaptive_lb_plan_fallbacks_total`` (internal
@@ -120,6 +121,13 @@ _HOST_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
         "The host's server-load factor (multiplier of its load score from the queues the "
         "node reports in system_views.thread_pools, damped; 1 = none).",
         "server_load",
+    ),
+    (
+        GaugeMetricFamily,
+        "adaptive_lb_host_latency_factor",
+        "The host's latency factor (multiplier of its load score from how surely slower "
+        "than its peers it answers, beyond a dead band, decaying with time; 1 = none).",
+        "latency_factor",
     ),
     (
         CounterMetricFamily,

@@ -23,12 +23,13 @@ NON_REPLICA = 12.0
 
 @define
 class Load:
-    """The four numbers scoring reads (``HostLoad``)."""
+    """The five numbers scoring reads (``HostLoad``)."""
 
     in_flight: int = 0
     rack_penalty: float = 1.0
     health_penalty: float = 1.0
     server_load: float = 1.0
+    latency_factor: float = 1.0
 
 
 def rank(replicas, local, fill_count, exclude, non_replica_penalty) -> list[HostView]:
@@ -50,6 +51,8 @@ def test_score_is_the_wlllb_formula():
     assert score_of(view, False, NON_REPLICA) == 4 * 4.0 * 64.0 * NON_REPLICA
     view.stats.server_load = 2.5
     assert score_of(view, True, NON_REPLICA) == 4 * 4.0 * 64.0 * 2.5
+    view.stats.latency_factor = 1.5
+    assert score_of(view, True, NON_REPLICA) == 4 * 4.0 * 64.0 * 2.5 * 1.5
 
 
 def test_a_host_the_server_reports_loaded_sinks_behind_equal_peers():

@@ -172,3 +172,13 @@ def test_thin_stall_targets_count_the_user_requests_timed_out():
     assert many[name][0] is False
     slow = targets("thin-stall-1rps", [result("adaptive", requests=80, timeouts=0.0375)])
     assert slow["<= 2 user requests timed out in the 40 s stall"][0] is False
+
+
+def test_thin_equal_targets_want_an_even_share():
+    name = "equal nodes share evenly: each within 15% of its fair share"
+    even = targets("thin-equal", [result("adaptive", attempts_by_host={"a": 30, "b": 33, "c": 37})])
+    assert even[name] == (True, "30.00% to 37.00%")
+    lurching = {"a": 20, "b": 35, "c": 45}  # one host taking what another loses
+    uneven = targets("thin-equal", [result("adaptive", attempts_by_host=lurching)])
+    assert uneven[name][0] is False
+    assert uneven["no equal node below 10 % of requests"][0] is True

@@ -41,8 +41,12 @@ DIMENSIONLESS = {
     "server_load",
     "server_pressure",
     "server_load_excess",
+    "latency_factor",
+    "latency_ratio",
+    "latency_ratio_low",
 }
-"""The float fields that are not durations: ratios and score multipliers."""
+"""The float fields that are not durations: ratios and score multipliers (``latency_*``:
+ratios of latencies)."""
 DURATION_WORDS = {"latency", "since", "age", "time", "duration", "interval", "taken", "elapsed"}
 """Words of a field name that make it a duration or a time."""
 OTHER_UNITS = ("_ns", "_us", "_ms", "_s", "_nanos", "_micros", "_millis", "_sec", "_secs")
@@ -258,7 +262,7 @@ def test_every_duration_is_in_seconds():
             name, kind = field.name, sources[field.name][0]
             seconds = name.endswith("_seconds")
             assert seconds or not name.endswith(OTHER_UNITS), name
-            if DURATION_WORDS & set(name.split("_")):
+            if DURATION_WORDS & set(name.split("_")) and name not in DIMENSIONLESS:
                 assert seconds, f"{cls.__name__}.{name} looks like a duration"
             if "float" in kind and name not in DIMENSIONLESS:
                 assert seconds, f"{cls.__name__}.{name}: a float that is not in seconds"

@@ -59,6 +59,7 @@ DEMO_SCENARIOS = (
     "far-racks",
     "thin-slow",
     "thin-slightly-slow",
+    "thin-barely-slow",
     "thin-equal",
     "thin-many-clients",
     "thin-stall",

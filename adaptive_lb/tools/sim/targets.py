@@ -4,8 +4,9 @@ Issue 6's targets (adaptive-lb against the stock and baseline policies), issue 1
 (locality and health without hand-tuning): a learned rack as good as a configured one, no
 host SLOW from distance alone, a paused node back fast, the shipped defaults winning, and no
 scenario worse than the figures it had before (its ``reference``); and issue 24's (thin
-traffic): a slow node avoided from a few requests a second, no equal node avoided, and a
-stalled node found by active probes (few user requests caught in the stall).
+traffic): a slow node avoided from a few requests a second, no equal node avoided and equal
+nodes sharing evenly, and a stalled node found by active probes (few user requests caught in
+the stall).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from adaptive_lb.tools.sim.metrics import ScenarioReport
 
 __all__ = [
+    "EVEN_SHARE",
     "LEARNED_P50_TOLERANCE",
     "REFERENCE_TOLERANCE",
     "RETURN_WITHIN_S",
@@ -36,6 +38,9 @@ RETURN_WITHIN_S = 3.0
 STALL_TIMEOUTS = {"thin-stall": 3, "thin-stall-1rps": 2}
 """User requests that may time out in a thin-traffic scenario's 40 s stall: a few, the
 ones sent before the stall is seen (then it is probed, not tried with user requests)."""
+EVEN_SHARE = 0.15
+"""How far from its fair share an equal node's share of a thin client's requests may be (the
+latency factor must not make whichever host answered fastest last take them all)."""
 _PERCENTILES = ("p50_ms", "p95_ms", "p99_ms")
 _Add = Callable[[str, bool, str], None]
 """Records one target: ``add(target, met, detail)``."""
@@ -186,7 +191,14 @@ def _issue_24(name: str, a: dict[str, Any], add: _Add) -> None:
     elif name == "thin-equal":
         attempts = a["attempts_by_host"]
         least = min(attempts.values()) / sum(attempts.values())
+        most = max(attempts.values()) / sum(attempts.values())
         add("no equal node below 10 % of requests", least >= 0.10, f"least {_pct(least)}")
+        fair = 1.0 / len(attempts)
+        add(
+            f"equal nodes share evenly: each within {EVEN_SHARE:.0%} of its fair share",
+            (1.0 - EVEN_SHARE) * fair <= least and most <= (1.0 + EVEN_SHARE) * fair,
+            f"{_pct(least)} to {_pct(most)}",
+        )
 
 
 def _span(times: list[float]) -> str:
