@@ -63,6 +63,9 @@ DEMO_SCENARIOS = (
     "thin-many-clients",
     "thin-stall",
     "thin-stall-1rps",
+    "busy-node",
+    "busy-node-no-pools",
+    "busy-node-moderate",
 )
 """The scenarios ``adaptive-lb demo`` runs, from ``adaptive_lb/data/scenarios/<name>.yaml``."""
 
