@@ -56,13 +56,19 @@ class HealthRefresh:
         """Sends one server-load read (:mod:`adaptive_lb.server_load`), beside the probe
         sender; None: none (every host's ``server_load`` factor stays 1)."""
         self._load_rng = random.Random()
+        self._thresholds: random.Random | None = None
+        """Set by :meth:`seed`: each host's server-load threshold
+        (:attr:`~adaptive_lb.server_load.ServerLoadRecord.draw`) is drawn from it before
+        the host's first read; None: the record's own draw (unseeded) stands."""
 
     def seed(self, rng: random.Random) -> None:
         """Draw the probes' jitter and the server-load thresholds from ``rng``."""
         self.scheduler = ProbeScheduler(rng)
-        # A stream of its own, derived without drawing from ``rng``: the probes' jitter
+        # Streams of their own, derived without drawing from ``rng``: the probes' jitter
         # stays what it was without server-load reads.
-        self._load_rng = random.Random(repr(rng.getstate()))
+        state = repr(rng.getstate())
+        self._load_rng = random.Random(state)
+        self._thresholds = random.Random(f"{state}:thresholds")
 
     def refresh(self) -> list[HealthTransition]:
         """Refresh now (waits for a refresh in progress); the health transitions."""
@@ -116,7 +122,10 @@ class HealthRefresh:
         read = self.load_reader
         if read is None:
             return
+        thresholds = self._thresholds
         for order in due(((v.host, v.stats, v.live) for v in local), now, config, self._load_rng):
+            if thresholds is not None and order.stats.load.sent == 0:
+                order.stats.load.draw = thresholds.random()  # seeded, before its first read
             read(order)
 
     def inputs(self) -> tuple[dict[Hashable, HostStats], dict[Hashable, Any]]:

@@ -64,6 +64,9 @@ DEMO_SCENARIOS = (
     "thin-many-clients",
     "thin-stall",
     "thin-stall-1rps",
+    "busy-node",
+    "busy-node-no-pools",
+    "busy-node-moderate",
 )
 """The scenarios ``adaptive-lb demo`` runs, from ``adaptive_lb/tools/sim/scenarios/<name>.yaml``."""
 

@@ -17,6 +17,9 @@ client on the virtual clock, so that the simulator drives the same rules as prod
   (network both ways, the node's queue, pauses, injected faults, down) with
   ``health.probe_timeout``, its outcome recorded on the host's
   :class:`~adaptive_lb.probe_record.ProbeRecord` exactly as the prober's callbacks do.
+* server-load reads -- where the scenario says what the nodes report
+  (``nodes.thread_pools``), the policy's ``read_load`` sender
+  (:mod:`adaptive_lb.tools.sim.load_reads`): each node's thread pools from its simulated queue.
 
 Not modelled: the driver replacing a connection whose orphaned streams pass its threshold
 (the simulated nodes answer every request they accept, except under a ``timeouts`` fault).
@@ -30,6 +33,7 @@ from typing import Any
 from adaptive_lb.probe_record import ANSWERED, FAILED, TIMEOUT
 from adaptive_lb.probes import ProbeOrder
 from adaptive_lb.tools.sim.engine import NS_PER_S, Engine
+from adaptive_lb.tools.sim.load_reads import SimLoadReader
 from adaptive_lb.tools.sim.node import DROPPED, FAILED_FAST, Node
 from adaptive_lb.tools.sim.servers import SimulatedServers
 
@@ -153,13 +157,22 @@ class SimProber:
 
 
 def attach_driver_side(
-    policy: Any, zone: str, servers: SimulatedServers, rng: random.Random
+    policy: Any,
+    zone: str,
+    servers: SimulatedServers,
+    rng: random.Random,
+    thread_pools: bool | None = None,
 ) -> tuple[PoolCounts, SimProber]:
     """Give an adaptive ``policy`` of a client in ``zone`` what request tracking gives it
     in production: its in-flight source (the client's pools) and its probe sender, with a
-    probe scheduler jittered from ``rng`` (so a run stays a function of its seed)."""
+    probe scheduler jittered from ``rng`` (so a run stays a function of its seed); with
+    ``thread_pools`` not None, its server-load reads too
+    (:class:`~adaptive_lb.tools.sim.load_reads.SimLoadReader`: the nodes have the table or not)."""
     pools = PoolCounts()
     policy.stats.add_in_flight_source(pools)
     prober = SimProber(policy, zone, servers, pools)
-    policy.use_prober(prober.send, rng=rng)  # the same rules, seeded
+    read_load = None
+    if thread_pools is not None:
+        read_load = SimLoadReader(policy, zone, servers, pools, thread_pools).read
+    policy.use_prober(prober.send, read_load=read_load, rng=rng)  # the same rules, seeded
     return pools, prober

@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from adaptive_lb.clock import ManualClock
+from adaptive_lb.tools.sim.background import install_background
 from adaptive_lb.tools.sim.driver_side import attach_driver_side
 from adaptive_lb.tools.sim.driver_topology import (
     DriverTopology,
@@ -211,7 +212,9 @@ def _run_policy(
             if isinstance(kit.feedback, AdaptiveFeedback):
                 # Production's rules: in-flight from the pools, a sample tracked, probes.
                 rng = _rng(seed, f"probes:{policy}:{client.name}")
-                client.pools, _ = attach_driver_side(kit.policy, zone, sim.servers, rng)
+                client.pools, _ = attach_driver_side(
+                    kit.policy, zone, sim.servers, rng, scenario.nodes.thread_pools
+                )
                 client.sampler = kit.policy.sampler
             if kit.tick is not None and kit.tick_interval:
                 interval = round(kit.tick_interval * NS_PER_S)
@@ -244,6 +247,7 @@ def _run_policy(
             client.tracer = tracer
 
     install_faults(scenario, engine, sim.servers, notify_down, notify_up)
+    install_background(scenario, engine, sim.nodes, lambda name: _rng(seed, f"load:{name}"))
     generator = LoadGenerator(
         scenario,
         engine,

@@ -65,7 +65,7 @@ DEFAULT_LATENCY_US: dict[str, dict[str, float]] = {
 """One-way latency between zones (from -> to), microseconds: an asymmetric 3-zone region."""
 
 CONSISTENCY_LEVELS = ("ONE", "LOCAL_ONE", "LOCAL_QUORUM")
-FAULT_KINDS = ("slow", "pause", "down", "errors", "timeouts", "busy")
+FAULT_KINDS = ("slow", "pause", "down", "errors", "timeouts", "busy", "load")
 DEFAULT_POLICIES = ("token-aware", "round-robin", "adaptive", "latency-aware", "slow-replica")
 """Policies a scenario compares unless it lists its own."""
 POLICY_NAMES = (*DEFAULT_POLICIES, "adaptive-unset")
@@ -134,6 +134,11 @@ class NodesSpec:
     )
     """Queued tasks beyond which a coordinator sheds new requests (Overloaded, a fast
     error); None: unbounded."""
+    thread_pools: bool | None = field(default=None, validator=check.optional(check.boolean))
+    """What adaptive-lb's server-load read (``system_views.thread_pools``) finds:
+    ``true`` (Cassandra 4.0+), each node's worker pool and queue as they are when the read
+    is served; ``false`` (ScyllaDB, Cassandra 3.x), no such table (the read fails, the
+    host is not read again); unset, no read is simulated (factor 1, as before)."""
 
 
 @define(frozen=True, slots=True)
@@ -185,7 +190,10 @@ class FaultSpec:
     ``period_s``), ``down`` (down at start, back at end, cold for ``warmup_s``),
     ``errors`` / ``timeouts`` (``fraction`` of requests answered with a fast error / never
     answered), ``busy`` (another tenant's load using ``utilization`` of its CPU: under processor
-    sharing our tasks take 1 / (1 - utilization) as long)."""
+    sharing our tasks take 1 / (1 - utilization) as long), ``load`` (other clients' requests,
+    not sent by any simulated client: Poisson arrivals at ``rate`` a second, or at
+    ``utilization`` x the node's capacity, each a local read it coordinates, taking its
+    workers and queue like any request: :mod:`adaptive_lb.tools.sim.background`)."""
     node: str = field(validator=check.string)
     """``ZONE/INDEX``, e.g. ``A/0``."""
     start: float = field(default=0.0, validator=[check.number, check.ge(0.0)])
@@ -195,6 +203,8 @@ class FaultSpec:
     period_s: float = field(default=50.0, validator=[check.number, check.gt(0.0)])
     fraction: float = field(default=1.0, validator=[check.number, check.ge(0.0), check.le(1.0)])
     utilization: float = field(default=0.7, validator=[check.number, check.ge(0.0), check.le(0.95)])
+    rate: float | None = field(default=None, validator=check.optional(check.number, check.gt(0.0)))
+    """``load``: requests a second (default: ``utilization`` x the node's capacity)."""
     warmup_s: float = field(default=0.0, validator=[check.number, check.ge(0.0)])
     """``down``: seconds after its return over which the node's service time goes from
     ``warmup_factor`` x to normal (cold caches)."""

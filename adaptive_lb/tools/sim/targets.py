@@ -5,8 +5,9 @@ Issue 6's targets (adaptive-lb against the stock and baseline policies), issue 1
 host SLOW from distance alone, a paused node back fast, the shipped defaults winning, and no
 scenario worse than the figures it had before (its ``reference``); and issue 24's (thin
 traffic): a slow node avoided from a few requests a second, no equal node avoided and equal
-nodes sharing evenly, and a stalled node found by active probes (few user requests caught in
-the stall).
+nodes sharing evenly, a stalled node found by active probes (few user requests caught in
+the stall), and a node busy with other clients' load left by the server's own view of its
+queues.
 """
 
 from __future__ import annotations
@@ -17,15 +18,20 @@ from typing import TYPE_CHECKING, Any
 from attrs import define
 
 if TYPE_CHECKING:
-    from adaptive_lb.tools.sim.metrics import ScenarioReport
+    from adaptive_lb.tools.sim.metrics import PolicyResult, ScenarioReport
 
 __all__ = [
+    "BUSY_NODE",
+    "BUSY_SETTLE_S",
+    "BUSY_SHARE",
+    "BUSY_WINDOW_S",
     "EVEN_SHARE",
     "LEARNED_P50_TOLERANCE",
     "REFERENCE_TOLERANCE",
     "RETURN_WITHIN_S",
     "STALL_TIMEOUTS",
     "TargetCheck",
+    "busy_windows",
     "check_targets",
 ]
 
@@ -41,6 +47,13 @@ ones sent before the stall is seen (then it is probed, not tried with user reque
 EVEN_SHARE = 0.15
 """How far from its fair share an equal node's share of a thin client's requests may be (the
 latency factor must not make whichever host answered fastest last take them all)."""
+BUSY_NODE = ("busy-node", "busy-node-moderate")
+"""Scenarios with a node loaded by other clients whose thread pools are read: it gets at
+most :data:`BUSY_SHARE` of the share stock routing gives it, and does not come back while
+loaded (after :data:`BUSY_SETTLE_S`, no :data:`BUSY_WINDOW_S` window above that bound)."""
+BUSY_SHARE = 0.5
+BUSY_SETTLE_S = 10.0
+BUSY_WINDOW_S = 5.0
 _PERCENTILES = ("p50_ms", "p95_ms", "p99_ms")
 _Add = Callable[[str, bool, str], None]
 """Records one target: ``add(target, met, detail)``."""
@@ -75,6 +88,8 @@ def check_targets(report: ScenarioReport) -> list[TargetCheck]:
     _issue_15(report, add)
     if adaptive is not None:
         _issue_24(report.scenario.name, adaptive.summary, add)
+        if name in BUSY_NODE:
+            _busy_node(report, add)
     return checks
 
 
@@ -232,4 +247,46 @@ def _learned_rack(configured: dict[str, Any], learned: dict[str, Any], add: _Add
         _span(times)
         if times and not wrong
         else f"wrong or unlearned: {', '.join(wrong) or 'none'}",
+    )
+
+
+def busy_windows(result: PolicyResult, node: str, after_s: float) -> list[float]:
+    """``node``'s share of coordinator attempts in each :data:`BUSY_WINDOW_S` window of
+    ``result``'s timeline (its buckets, grouped) starting ``after_s`` seconds or more into
+    the run; a window without attempts is left out."""
+    step = result.timeline_step_s
+    if step <= 0 or node not in result.node_names:
+        return []
+    index = result.node_names.index(node)
+    per = max(1, round(BUSY_WINDOW_S / step))
+    shares = []
+    for k in range(len(result.timeline)):
+        if result.timeline_start_s + k * step < after_s or k % per:
+            continue
+        window = result.timeline[k : k + per]
+        total = sum(sum(bucket) for bucket in window)
+        if total:
+            shares.append(sum(bucket[index] for bucket in window) / total)
+    return shares
+
+
+def _busy_node(report: ScenarioReport, add: _Add) -> None:
+    """The loaded node: at most half stock's share, and no return while it is loaded."""
+    adaptive, stock = report.by_policy("adaptive"), report.by_policy("token-aware")
+    load = next((f for f in report.scenario.faults if f.kind == "load"), None)
+    if adaptive is None or stock is None or load is None:
+        return
+    a, s = adaptive.summary["faulted"], stock.summary["faulted"]
+    bound = BUSY_SHARE * s
+    add(
+        f"<= {BUSY_SHARE:.0%} of stock's share touch the busy node",
+        a <= bound,
+        f"{_pct(a)} vs stock {_pct(s)}",
+    )
+    shares = busy_windows(adaptive, load.node, load.start + BUSY_SETTLE_S)
+    add(
+        f"no return while loaded: after {BUSY_SETTLE_S:g} s, every {BUSY_WINDOW_S:g} s "
+        f"window <= {BUSY_SHARE:.0%} of stock's share",
+        bool(shares) and max(shares) <= bound,
+        f"most {_pct(max(shares))} in {len(shares)} windows" if shares else "no window",
     )
