@@ -112,6 +112,8 @@ VARIANTS = {
     "on it",
     "stock-otel": "stock + the same parent span per request (what the span alone costs)",
     "adaptive-untracked": "diagnostic: adaptive without instrument() (its plan alone)",
+    "adaptive-listener": "diagnostic: adaptive with tracking.samples_per_host 1 (the listener "
+    "on every request, next to none tracked)",
     "adaptive-pools": "diagnostic: adaptive without a listener, in-flight read from the pools, "
     "health refreshed: what it costs when no request is tracked",
     "adaptive-every": "diagnostic: adaptive with tracking.samples_per_host 0 (every request "
@@ -167,10 +169,11 @@ class Variant:
         shuffle = {"shuffle_replicas": True} if name == "stock-shuffled" else {}
         child = TokenAwarePolicy(DCAwareRoundRobinPolicy(DC), **shuffle)
         config = None
-        if name == "adaptive-every":
+        if name in ("adaptive-every", "adaptive-listener"):
             from adaptive_lb.config import Config, TrackingConfig
 
-            config = Config(tracking=TrackingConfig(samples_per_host=0))
+            per_host = 0 if name == "adaptive-every" else 1
+            config = Config(tracking=TrackingConfig(samples_per_host=per_host))
         self.policy: Any = (
             AdaptiveLoadBalancingPolicy(child, config, tracer_provider=self.provider)
             if self.adaptive
