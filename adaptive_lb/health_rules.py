@@ -64,8 +64,9 @@ Quick to protect, slow to forgive:
   SLOW, requests for ERRORING) a bad state holds -- but a penalised host gets little
   traffic, so once a whole window has passed in the state without enough fresh evidence,
   it moves to WARMING ("probing"): traffic ramps back, evidence comes in, and if it is
-  still bad it goes straight back (ERRORING hosts are probed instead, as above). A SLOW
-  host whose peers have no data any more also
+  still bad it goes straight back (unless its active probes say it is still clearly slower
+  than its peers, :mod:`adaptive_lb.probe_latency`: then it stays SLOW) (ERRORING hosts
+  are probed instead, as above). A SLOW host whose peers have no data any more also
   moves to WARMING (it is no longer an outlier of anything).
 """
 

@@ -9,8 +9,12 @@ apart from the user's requests, and never enters the latency window.
 **Which hosts** (:class:`ProbeScheduler`, at each health refresh): a host that is
 
 * ERRORING (stalled, or erroring) -- to see it answer again;
-* WARMING after a stall, or SLOW -- unless it answered a user request within
-  ``probe_interval`` (enough fresh user traffic);
+* WARMING after a stall, SLOW, or HEALTHY with a latency factor above 1 (*suspected slow*)
+  -- unless it answered a user request within ``probe_interval`` (enough fresh user
+  traffic);
+* a HEALTHY peer (same datacenter) of a host probed as SLOW or suspected slow, every
+  ``REFERENCE_INTERVALS`` x ``probe_interval``: the *reference* its probes' round trips are
+  compared with (:mod:`adaptive_lb.probe_latency`);
 * *suspected*: requests in flight and no answer for ``probe_timeout`` (a probe would have
   failed by then), or a user request failed and nothing answered since;
 * without fresh evidence: it had user requests in the window, but neither they nor a probe
@@ -42,7 +46,8 @@ since its last probe. A healthy host answering its user requests is never probed
   and since the last failed try.
 
 No driver import, no thread, no clock of its own: imports attrs and adaptive-lb's pure
-layers only (config, health_verdict, health_return, health_state, probe_record, stats).
+layers only (config, health_verdict, health_return, health_state, probe_latency,
+probe_record, stats).
 """
 
 from __future__ import annotations
