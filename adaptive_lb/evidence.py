@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Mapping
+from typing import TypeVar
 
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.stats import WindowStats
@@ -46,6 +47,7 @@ __all__ = [
     "latency_spread",
     "samples_needed",
     "slow_by_evidence",
+    "typical_samples",
 ]
 
 MIN_EVIDENCE = 3
@@ -57,6 +59,8 @@ DEFAULT_SPREAD = 0.5
 MIN_SPREAD = 0.2
 """The least log-spread assumed: a cluster measured steadier than this (p95 < 1.4 x p50)
 still needs a few answers, not one."""
+_K = TypeVar("_K", bound=Hashable)
+
 SPREAD_SAMPLES = 10
 """Answers a host needs before its p95 / p50 counts in :func:`latency_spread`."""
 _MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median / of a mean (normal)
@@ -141,3 +145,18 @@ def erroring_by_evidence(window: WindowStats, config: HealthConfig) -> str | Non
         f"{failures} of {window.requests} requests failed: error+timeout rate at least "
         f"{bound:.1%} > {config.error_rate:.1%}"
     )
+
+
+def typical_samples(
+    windows: Mapping[_K, WindowStats],
+    groups: Mapping[_K, Hashable],
+    min_samples: int = MIN_EVIDENCE,
+) -> dict[Hashable, int]:
+    """Per group, the median sample count of its hosts with ``min_samples`` answers: about
+    how many answers of each peer a peer median of these rules rests on (the latency
+    factor and the probes' round trips weigh its uncertainty too)."""
+    counts: dict[Hashable, list[int]] = {}
+    for key, window in windows.items():
+        if window.samples >= min_samples:
+            counts.setdefault(groups.get(key), []).append(window.samples)
+    return {group: round(statistics.median(values)) for group, values in counts.items()}

@@ -16,7 +16,6 @@ importable from here too.
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -25,12 +24,13 @@ from attrs import define
 
 from adaptive_lb.clock import Clock
 from adaptive_lb.config import HealthConfig
-from adaptive_lb.evidence import MIN_EVIDENCE, latency_spread
+from adaptive_lb.evidence import MIN_EVIDENCE, latency_spread, typical_samples
 from adaptive_lb.health_rules import assess
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.health_verdict import HostHealth, warming_penalty
 from adaptive_lb.locality import RackDistances, RackKey
 from adaptive_lb.peer_groups import peer_median, peer_medians
+from adaptive_lb.probe_latency import still_slow_hosts
 from adaptive_lb.probes import judge
 from adaptive_lb.stats import HostStats, WindowStats
 
@@ -265,10 +265,13 @@ class HealthModel:
             windows, groups, config, racks, thin_distances, 50.0, MIN_EVIDENCE, strict=True
         )
         spread = latency_spread(windows.values())
-        peer_samples = _typical_samples(windows, groups)
+        peer_samples = typical_samples(windows, groups)
+        probing = self.probing and config.probe_interval > 0
+        # A SLOW host's probes say whether it is still clearly slow (adaptive_lb.probe_latency).
+        args = (stats, groups, racks, thin_distances, typical, spread, config, now, window_s)
+        probe_slow = still_slow_hosts(*args) if probing else {}
 
         transitions = []
-        probing = self.probing and config.probe_interval > 0
         latency_config = config.latency_factor
         stalled: dict[Hashable, float] = {}
         with self._state_lock:
@@ -294,6 +297,7 @@ class HealthModel:
                     failures,
                     peer_typical=typical[key],
                     spread=spread,
+                    probe_slow=probe_slow.get(key),
                 )
                 if probing:
                     new = judge(
@@ -314,6 +318,7 @@ class HealthModel:
                         peer_samples.get(groups.get(key), 0),
                         spread,
                         latency_config,
+                        key in probe_slow,
                     )
                 host.latency_factor = latency.factor
                 if new.probe is None:
@@ -392,16 +397,3 @@ class HealthModel:
             new.penalty,
             new.reason,
         )
-
-
-def _typical_samples(
-    windows: Mapping[Hashable, WindowStats], groups: Mapping[Hashable, Hashable]
-) -> dict[Hashable, int]:
-    """Per group, the median sample count of its hosts with ``MIN_EVIDENCE`` answers: about
-    how many answers of each peer the evidence rules' peer median rests on (the latency
-    factor weighs its uncertainty too)."""
-    counts: dict[Hashable, list[int]] = {}
-    for key, window in windows.items():
-        if window.samples >= MIN_EVIDENCE:
-            counts.setdefault(groups.get(key), []).append(window.samples)
-    return {group: round(statistics.median(values)) for group, values in counts.items()}
