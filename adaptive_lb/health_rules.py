@@ -67,6 +67,9 @@ Quick to protect, slow to forgive:
   still bad it goes straight back (ERRORING hosts are probed instead, as above). A SLOW
   host whose peers have no data any more also
   moves to WARMING (it is no longer an outlier of anything).
+
+Imports the config, the statistics, the health states and, of its own row, the verdict, the
+way back and the evidence only.
 """
 
 from __future__ import annotations
