@@ -7,6 +7,9 @@ Wrap the policy you already use::
 
 The names that need the driver are imported on first use, so that the driver-free modules
 (``adaptive_lb.scoring``, ``health``, ``stats``, ``proximity``) import no driver module.
+
+May import: the config at once, the policy, request tracking and attachment on first use;
+never a tool.
 """
 
 from __future__ import annotations

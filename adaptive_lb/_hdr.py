@@ -11,6 +11,8 @@ C-level ``add``, and the index <-> value helpers behind the percentile queries.
 
 ``tests/unit/test_hdr_contract.py`` fails loudly if an hdrh release renames or changes any of
 them: each function here is checked against the hdrh method it replaces.
+
+May import: hdrh and attrs; nothing of adaptive-lb.
 """
 
 from __future__ import annotations

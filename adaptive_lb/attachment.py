@@ -23,6 +23,9 @@ Any number of sessions may be attached in one process, at once or one after anot
 policies share the registry's Prometheus collector, the server of a ``metrics.bind_address``
 and ``metrics.port`` and the meter provider's instruments, each under a ``policy`` label of
 its own (the lowest free ``"0"``, ``"1"``, ...), and a closed attachment's series are gone.
+
+May import: the policy, request tracking and request spans (its own row, the top one), the
+exporters and the rows below, the OpenTelemetry API; never a tool.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Everything in adaptive-lb that needs the time (tracking, health, the replica cac
 housekeeping) asks a :class:`Clock` for monotonic nanoseconds instead of calling
 :func:`time.monotonic_ns` directly, so that the simulator can drive virtual time and tests
 are deterministic.
+
+Imports the standard library only (the bottom layer).
 """
 
 from __future__ import annotations

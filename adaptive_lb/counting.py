@@ -5,6 +5,8 @@ object on free-threaded CPython), where ``x += 1`` on an attribute can lose coun
 threads and a lock costs ~0.1 us. Its value is read without advancing it from its ``repr``
 (``"count(5)"``), the one place that relies on that format:
 ``tests/unit/test_counting.py`` pins it.
+
+Imports the standard library only (the bottom layer).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ leaves a scrape without the policy's numbers. Each such failure is counted here 
 stage, so a failure that repeats on every request or every refresh costs a counter
 increment, not a log line.
 
-No driver import: the simulator and the pure modules may use it too.
+No driver import: the simulator and the pure modules may use it too. Imports the clock only.
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ large enough that few answers settle it:
 
 These add to the tail rules, which keep judging busy hosts as before. No driver import, no
 state: the health model computes the inputs at each refresh, never per request.
+
+Imports the config and the statistics only.
 """
 
 from __future__ import annotations

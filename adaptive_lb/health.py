@@ -11,6 +11,9 @@ only here, never per request. No driver import: hosts are plain keys.
 Every public name of the health rules (:mod:`adaptive_lb.health_rules`,
 :mod:`adaptive_lb.health_verdict`, the peers' medians of :mod:`adaptive_lb.peer_groups`) is
 importable from here too.
+
+May import: its own row (rules, verdict, evidence, peers, probes) and the rows below it
+(statistics, health states, locality, config, clock).
 """
 
 from __future__ import annotations

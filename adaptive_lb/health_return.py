@@ -27,6 +27,8 @@ on the request path):
 
 No state, no clock, no driver: :class:`Evidence` is an immutable value carried on each
 :class:`~adaptive_lb.health_verdict.HostHealth`.
+
+Imports attrs only.
 """
 
 from __future__ import annotations

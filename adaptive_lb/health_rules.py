@@ -68,6 +68,9 @@ Quick to protect, slow to forgive:
   than its peers, :mod:`adaptive_lb.probe_latency`: then it stays SLOW) (ERRORING hosts
   are probed instead, as above). A SLOW host whose peers have no data any more also
   moves to WARMING (it is no longer an outlier of anything).
+
+Imports the config, the statistics, the health states and, of its own row, the verdict, the
+way back and the evidence only.
 """
 
 from __future__ import annotations

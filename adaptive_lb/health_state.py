@@ -1,4 +1,7 @@
-"""The health states a host can be in (shared by stats and health, no dependencies)."""
+"""The health states a host can be in (shared by stats and health, no dependencies).
+
+Imports the standard library only.
+"""
 
 from __future__ import annotations
 

@@ -23,6 +23,8 @@ is forgotten, which spreads traffic over every rack again (no rack penalty) and 
 nearest one be learned from fresh numbers. Unhealthy hosts are not measured, and a rack
 without a measured host leaves the verdict as it is: one slow local node (SLOW), a restart
 (down, then WARMING) or a GC pause (ERRORING) never flips it.
+
+Imports the config only.
 """
 
 from __future__ import annotations

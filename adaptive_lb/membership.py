@@ -5,6 +5,10 @@ statistics and the health model, and the view each host gets in a topology snaps
 :class:`~adaptive_lb.policy.AdaptiveLoadBalancingPolicy` owns one :class:`Membership` and
 hands each driver event to it; the book calls :meth:`Membership.view` when it builds a
 snapshot.
+
+May import: the parts of a policy below it (planner, refresher, health, replicas, topology,
+scoring, statistics, the driver's policies, clock, counters) and the driver; never
+:mod:`adaptive_lb.policy`, which owns it.
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ rack's, however healthy. So (:func:`peer_medians`):
 3. Else (no distance known yet, or no rack given) its datacenter as it is.
 
 The median of the peers is computed once per group and per refresh in O(n log n).
+
+Imports the config and the statistics only.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ itself reaches the caller, as it would without adaptive-lb.
 With ``policy.enabled: false`` the ordering is off: :meth:`Planner.child_plan` hands over
 the child's own plan, untouched (:attr:`Planner.make_plan` is the one swapped on reload, so
 the hot path pays nothing to ask).
+
+May import: the rows below it (replicas, topology, scoring, locality, statistics, the
+driver's policies, config, counters), attrs and the driver's public API.
 """
 
 from __future__ import annotations

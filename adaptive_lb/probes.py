@@ -45,7 +45,7 @@ since its last probe. A healthy host answering its user requests is never probed
   user's requests succeeding), but it opens only once a probe answered since the verdict
   and since the last failed try.
 
-No driver import, no thread, no clock of its own: imports attrs and adaptive-lb's pure
+No driver import, no thread, no clock of its own. Imports attrs and adaptive-lb's pure
 layers only (config, health_verdict, health_return, health_state, probe_latency,
 probe_record, stats).
 """

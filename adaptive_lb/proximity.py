@@ -15,6 +15,8 @@ remote rack keeps the plain penalty; one 2.4x as far away costs 2.4x more. Media
 rack's hosts, of each host's p50, so one slow host does not move its rack. A rack without
 enough samples keeps its previous factor (avoided racks get few requests; forgetting what
 was learned about them would send traffic back just to learn it again).
+
+Imports the standard library only.
 """
 
 from __future__ import annotations

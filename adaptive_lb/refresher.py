@@ -8,6 +8,9 @@ true peers (its rack, else its datacenter corrected by distance), and re-weighs 
 racks of the local datacenter by their measured distance (:mod:`adaptive_lb.proximity`),
 publishing each host's penalties on its :class:`~adaptive_lb.stats.HostStats` for the hot
 path to read.
+
+May import: the health row (health, probes, proximity) and the rows below it (topology,
+scoring, statistics, server load).
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ it turns itself off: lookups then compute the position directly and are counted 
 again for a trial judged the same way, in case the workload's keys have changed. Everything
 is counted in lookups, not in time, so the simulator and the tests see exactly what
 production does.
+
+Imports the counters only.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ KEYSPACE), a new ring is built, and keys resolved from the old one miss.
 
 Tablets (scylla-driver): when the table of the statement has a tablet map, the tablet's
 replicas are used instead and never cached, since tablets move between hosts.
+
+Imports the driver's token map (:mod:`adaptive_lb._driver_policies`), the replica cache, the
+topology, the score and the statistics only.
 """
 
 from __future__ import annotations

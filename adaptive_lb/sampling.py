@@ -21,6 +21,8 @@ request, before anything is known about it, and tracks only the requests it pick
 
 A host that gets few requests because it is avoided (a SLOW host at 64x penalty) gets few
 samples too: the probes (:mod:`adaptive_lb.probes`) keep evidence fresh for it.
+
+Imports the counters only.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ Everything here works on :class:`HostView` objects, which carry an opaque ``host
 ``Host`` in production, anything hashable in the simulator) and a live statistics object with
 five attributes read lock-free: ``in_flight``, ``rack_penalty``, ``health_penalty``,
 ``server_load`` and ``latency_factor``.
+
+Imports attrs only.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ by :meth:`HostStats.window_stats`, every health refresh -- or when the list reac
 (the interval boundaries travel in the list as events), while the request path does an
 append instead of the histogram arithmetic, and the replay runs it in one tight loop.
 Percentiles are computed only by :meth:`HostStats.window_stats`, never per request.
+
+Imports its row's records (window, probe record, server load, latency factor, health
+states), :mod:`adaptive_lb._hdr`, attrs, the config and the clock only.
 """
 
 from __future__ import annotations

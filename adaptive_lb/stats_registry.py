@@ -5,6 +5,8 @@ One registry per policy. Request tracking adds an in-flight source per session i
 (reading the driver's pools, :func:`adaptive_lb._driver.pool_in_flight_reader`); every host's
 ``in_flight`` is then the sum of the sources for its key, live, and the attempts counted on
 the host again once no source is left.
+
+Imports the statistics, the config and the clock only.
 """
 
 from __future__ import annotations

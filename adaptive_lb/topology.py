@@ -5,6 +5,8 @@ topology events -- populate, on_up, on_down, on_add, on_remove -- and published 
 one reference, so :meth:`make_query_plan` reads it without a lock and a plan in progress
 keeps the snapshot it started with. :class:`TopologyBook` keeps the hosts a policy knows and
 publishes the snapshots.
+
+Imports attrs, the score, the locality and the statistics only.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ its decision on it, as an event ``adaptive_lb.decision`` or, by config, as a chi
 
 Privacy: the keyspace is recorded, never the routing key, the statement text or bound
 values (unless :class:`~adaptive_lb.config.PrivacyConfig` allows the routing key).
+
+May import: the score, the config, the OpenTelemetry API; the health model and the planner
+for their types only (under ``TYPE_CHECKING``).
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ enter the latency histogram, so a node that fails fast never looks fast. Request
 for the client's own reasons (syntax, invalid, unauthorized...) count as answered: the host
 did its job. Where the driver's pools are not what this release reads, every request is
 tracked and in-flight is counted here instead.
+
+May import: the policy it serves (its row), the prober, the statistics, decision tracing,
+the driver and its internals (:mod:`adaptive_lb._driver`); never a tool.
 """
 
 from __future__ import annotations

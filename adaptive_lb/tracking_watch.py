@@ -5,6 +5,8 @@ A policy planning with no request tracking sees every host idle (0 in flight) an
 (no latency, no errors): its plan is a random choice among the replicas, at extra cost. The
 usual cause is a missing ``adaptive_lb.attach(session)``. Driver-free: the policy (and the
 simulator, which feeds the statistics itself) declares the tracking it has.
+
+Imports the clock and the counters only.
 """
 
 from __future__ import annotations

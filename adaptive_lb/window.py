@@ -20,6 +20,8 @@ The window is ``intervals`` rotating interval histograms (HdrHistograms over ``l
 counters. It covers between ``window - window / intervals`` and ``window`` seconds of the
 past: the current (partial) interval plus the ``intervals - 1`` before it. A histogram is
 allocated on its interval's first sample (idle hosts hold none) and then reused.
+
+Imports hdrh (its internals through :mod:`adaptive_lb._hdr`), attrs and the config only.
 """
 
 from __future__ import annotations

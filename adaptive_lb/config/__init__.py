@@ -19,6 +19,8 @@ file is read with every problem reported at once, each with its key path and lin
 
 The simulator's scenario files (:mod:`adaptive_lb.tools.sim.scenario`) are read with the same
 toolkit: same limits, same messages.
+
+Imports its own modules only.
 """
 
 from adaptive_lb.config.defaults import render_default_yaml

@@ -9,6 +9,8 @@ durations are written with a unit. To change the file, change :mod:`.model` and 
 
 ``tests/unit/test_config.py`` fails when the committed file differs from
 :func:`render_default_yaml`.
+
+Imports attrs, PyYAML and the config's model, schema, validation and errors only.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ A message shows what is wrong, where (the key path) and the value, short: a host
 document (a YAML alias bomb) makes structures whose full repr would be exponentially large,
 so every value goes through :func:`show`. A value that is or looks like a secret is never
 shown (:func:`is_secret`), only its type.
+
+Imports the standard library only (the bottom of the config package).
 """
 
 from __future__ import annotations

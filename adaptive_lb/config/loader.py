@@ -4,6 +4,8 @@
 the simulator's scenario files too (:mod:`adaptive_lb.tools.sim.scenario`): hardened YAML
 (:mod:`.safe_yaml`), then every problem at once with its key path and line
 (:mod:`.structure`), duplicate keys first.
+
+Imports PyYAML and the config's errors, model, safe_yaml and structure only.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Every value is validated at construction (:mod:`.validation`), so an object that
 a valid config. Durations are stored in seconds (float). The docstring under each field is
 its documentation: the JSON Schema's descriptions and the comments of
 ``config/default.yaml`` are generated from it (:mod:`.schema`, :mod:`.defaults`).
+
+Imports attrs and the config's errors, structure and validation only.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ What a document means and why it is refused are decided here, not by the PyYAML 
 merge keys (``<<``) follow the YAML merge-key rule whatever PyYAML does with them
 (:meth:`_Rules.flatten_mapping`), and a document libyaml refuses as too deep gets our message
 at our position. ``tests/unit/test_safe_yaml.py`` runs on both of PyYAML's parsers.
+
+Imports PyYAML and the config's errors only.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """A JSON Schema (draft 2020-12) of the config file, generated from the settings classes,
 and :func:`field_docs`, the documentation written under each field (read from the source,
-so that the docstrings are the one place a key is described)."""
+so that the docstrings are the one place a key is described).
+
+Imports attrs and the config's model, structure and validation only.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ reports *every* problem at once in one :class:`ConfigError`, each as ``path.to.k
 the wrong type or out of bounds (:mod:`.validation`), checks across keys (a class's
 ``__attrs_post_init__``, or a ``check`` given by the caller). Secret values are never shown
 (:func:`.errors.is_secret`). :func:`config_to_mapping` is the way back, to plain data.
+
+Imports attrs and the config's errors and validation only.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ before the validators see it (:func:`convert`): ``bool``, ``int``, ``float``, ``
 (null allowed); any other annotation (``raw``) is passed as YAML gave it. A field whose
 default is a factory of an attrs class is a *section* (:func:`nested_class`), a field with
 metadata ``list_of`` a list of sections.
+
+Imports attrs and the config's errors only.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Hot reload: :class:`ConfigWatcher` polls the config file and applies each valid change;
-an invalid one is reported and the last good config stays in force."""
+an invalid one is reported and the last good config stays in force.
+
+Imports the config's own modules and, of its row, the clock and the error counters only.
+"""
 
 from __future__ import annotations
 

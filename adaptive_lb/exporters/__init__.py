@@ -10,6 +10,8 @@ Importing this package needs only the core install (``opentelemetry-api`` and
 The SDK-based pieces live in :mod:`~adaptive_lb.exporters.span_processor`
 (``CountingBatchSpanProcessor``) and :mod:`~adaptive_lb.exporters.backoff`
 (``BackoffSpanExporter``).
+
+Imports its own modules only (the SDK-free ones; see above).
 """
 
 from adaptive_lb.exporters.otel_metrics import register_otel_metrics, unregister_otel_metrics

@@ -9,6 +9,8 @@ span processor (the SDK's ``BatchSpanProcessor`` included).
 
 Needs the OpenTelemetry SDK (``pip install "adaptive-lb[otlp]"``); nothing imports this
 module before :func:`~adaptive_lb.exporters.setup_tracing` is called.
+
+Imports the OpenTelemetry SDK and :mod:`~adaptive_lb.exporters.span_counts` only.
 """
 
 from __future__ import annotations

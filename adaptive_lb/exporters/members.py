@@ -6,6 +6,8 @@ call) adds its policies and removes them when it closes, so one collector and on
 instruments serve every live attachment of the process, and a closed one's series are
 gone. A policy added again (two sessions of one cluster) is served once, under its first
 name, until its last holder removes it.
+
+Imports the standard library only.
 """
 
 from __future__ import annotations

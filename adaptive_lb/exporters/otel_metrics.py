@@ -33,6 +33,9 @@ instrument                                 kind                       Prometheus
 ``adaptive_lb.trace.spans.exported``       counter (process-wide)     ``..._spans_exported_total``
 ``adaptive_lb.trace.spans.dropped``        counter, ``reason``        ``..._spans_dropped_total``
 =========================================  =========================  ==========================
+
+May import: the snapshot (what it reads), the health states, forks, the exporters' members
+and span counts, the OpenTelemetry API; never its SDK.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ module imports them only when :func:`setup_tracing` or :func:`make_otlp_exporter
 called, and raises an ``ImportError`` naming the extra when they are missing. Everything
 else -- decision events on the application's own spans, the Prometheus endpoint, the
 OpenTelemetry metrics -- needs only ``opentelemetry-api``.
+
+Imports the config and the span counts; the SDK,
+:mod:`~adaptive_lb.exporters.span_processor` and :mod:`~adaptive_lb.exporters.backoff` only
+when called.
 """
 
 from __future__ import annotations

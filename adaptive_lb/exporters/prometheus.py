@@ -43,6 +43,9 @@ Families (``_total`` is added by the exposition format to counters):
   (read from :mod:`~adaptive_lb.exporters.span_counts`: no OpenTelemetry SDK needed):
   ``adaptive_lb_trace_spans_exported_total`` and
   ``adaptive_lb_trace_spans_dropped_total{reason="queue_full"|"export_failed"|"backoff"|"shutdown"}``.
+
+May import: the snapshot (what it reads), the health states, the exporters' members and span
+counts, prometheus-client; never the OpenTelemetry SDK.
 """
 
 from __future__ import annotations

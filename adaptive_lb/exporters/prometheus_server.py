@@ -2,6 +2,8 @@
 server per address and port shared by every call that asks for it, and a forked child that
 starts afresh (:func:`start_prometheus_server`). The metric families themselves are
 :class:`adaptive_lb.exporters.prometheus.AdaptiveLbCollector`'s.
+
+Imports prometheus-client, forks and the exporters' members and collector only.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@
 ``metrics.port``; ``metrics.otel_enabled`` registers the OpenTelemetry observable
 instruments; ``tracing.otlp.endpoint`` (with ``tracing.enabled``) builds an OTLP
 ``TracerProvider``. The policy itself never starts a server or a thread for these.
+
+May import: attrs, the config, prometheus-client and the other exporters' modules.
 """
 
 from __future__ import annotations

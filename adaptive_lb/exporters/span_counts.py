@@ -5,6 +5,8 @@ SDK), read by the Prometheus collector and the OpenTelemetry instruments (which 
 this module imports neither the SDK nor anything that does, so the metrics endpoints work
 on the core install alone. Until :func:`~adaptive_lb.exporters.setup_tracing` made a
 processor or exporter there is nothing to report (:func:`span_export_totals` is None).
+
+Imports attrs only.
 """
 
 from __future__ import annotations

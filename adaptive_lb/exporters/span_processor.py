@@ -27,6 +27,9 @@ SDK, 1.4 us this subclass (the lock is 0.25 us of it); per traced plan (``reques
 decision, ``benchmarks/``-style loop) 145 / 151 / 145 us in event mode and 182 / 183 /
 183 us in span mode -- the difference is under 1 %, inside the noise. The SDK's processor
 also brings what ours lacked (fork safety, its own ``otel.sdk.processor.*`` metrics).
+
+Imports the OpenTelemetry SDK, :mod:`~adaptive_lb.exporters.backoff` and
+:mod:`~adaptive_lb.exporters.span_counts` only.
 """
 
 from __future__ import annotations

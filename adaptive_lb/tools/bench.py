@@ -13,6 +13,8 @@ RF 3 per DC, 16 vnodes, 100,000 distinct routing keys, local DC ``dc1``. Stock a
 are timed in interleaved rounds (5 by default): each figure is the median over the rounds,
 each ratio the median of the per-round ratios, so a busy neighbour on a shared machine moves
 both sides of a ratio alike. The cyclic GC is off while a run is timed (it adds noise, not signal).
+
+May import the library, the simulator's driver topology and the CLI's formatter (a tool).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import PolicyConfig
-from adaptive_lb.tools.cli_format import HelpFormatter, format_written
+from adaptive_lb.tools.cli_format import HelpFormatter, doc_description, format_written
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 try:
@@ -304,7 +306,9 @@ def _positive_int(text: str) -> int:
 
 def build_parser(prog: str = "adaptive-lb bench") -> argparse.ArgumentParser:
     """The benchmark's options (``prog``: the command name ``--help`` shows)."""
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=prog, description=doc_description(__doc__), formatter_class=HelpFormatter
+    )
     parser.add_argument(
         "--plans", type=_positive_int, default=20000, metavar="N", help="plans per timed run"
     )

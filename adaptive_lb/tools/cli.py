@@ -12,6 +12,9 @@ Every parser uses :class:`HelpFormatter` (``--help`` shows each option's default
 default no command writes over files of a checkout: ``bench`` makes a new folder each run,
 ``demo`` and ``simulate`` write to ``./adaptive-lb-demo`` and ``./adaptive-lb-simulate``
 (git-ignored), ``loadtest`` and ``config`` only print; ``--out`` says otherwise.
+
+May import every command's module (on first use) and the config; the library never imports a
+tool.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """How every ``adaptive-lb`` command formats its help and its closing lines: imported by
 the top-level CLI (:mod:`adaptive_lb.tools.cli`) and by each subcommand and benchmark, so that
-none of them imports the CLI that imports them (imports only the standard library).
+none of them imports the CLI that imports them.
+
+Imports the standard library only.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["HelpFormatter", "format_written"]
+__all__ = ["HelpFormatter", "doc_description", "format_written"]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -37,6 +39,12 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or "(default" in text or "%(default)" in text:
             return action.help
         return super()._get_help_string(action)
+
+
+def doc_description(doc: str | None) -> str:
+    """A module's docstring as its command's description: all but the closing paragraph, which
+    says what the module may import (for the code's readers, not the command's users)."""
+    return (doc or "").strip().rsplit("\n\n", 1)[0] + "\n"
 
 
 def format_written(paths: Sequence[Path | str]) -> str:

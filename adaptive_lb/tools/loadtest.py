@@ -10,6 +10,9 @@
 3 datacenters x 3 nodes on loopback, keyspace ``ks`` (NetworkTopologyStrategy, RF 2 per
 DC), and optionally one slow ``dc1`` node. Only reads are sent; against a real cluster,
 ``--query`` is a statement with at most one ``?`` (an int drawn from ``--key-range``).
+
+May import the library and the peers' load loop and Simulacron (on first use); the library
+never imports a tool.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The options of ``adaptive-lb loadtest`` (:mod:`adaptive_lb.tools.loadtest` runs it): the
 argparse subcommand and the exit status (1 if any request failed).
+
+Imports the load test and the CLI's formatter only; the library never imports a tool.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ __all__ = ["add_subcommand"]
 
 def add_subcommand(subparsers: Any) -> None:
     """Register ``loadtest`` on an argparse subparsers object."""
-    from adaptive_lb.tools.cli_format import HelpFormatter
+    from adaptive_lb.tools.cli_format import HelpFormatter, doc_description
 
     parser = subparsers.add_parser(
         "loadtest",
         help="closed-loop load through the stock policy and/or adaptive-lb, compared",
-        description=loadtest.__doc__,
+        description=doc_description(loadtest.__doc__),
         formatter_class=HelpFormatter,
     )
     parser.add_argument(

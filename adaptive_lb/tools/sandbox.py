@@ -5,8 +5,10 @@ Starts Simulacron (fetched from Maven Central on first use, cached under
 N nodes in racks ``r1``, ``r2``, ... on loopback, answering ``system.local`` and
 ``SELECT v FROM ks.t WHERE k = ?`` (keyspace ``ks``), one node optionally slower; prints the
 contact point and a line of Python to paste; stops Simulacron by its PID on Ctrl-C (or
-SIGTERM, or after ``--seconds``) and leaves no file in the current directory. A tool: it
-imports the library, never the reverse.
+SIGTERM, or after ``--seconds``) and leaves no file in the current directory.
+
+May import the peers (Simulacron) and the CLI's formatter, on first use; the library never
+imports a tool.
 """
 
 from __future__ import annotations

@@ -10,12 +10,15 @@
   of the library is in a row, imports nothing from a row above its own, and no module of
   the library imports a tool (``adaptive_lb.tools``: the simulator, the peers, the CLI and
   its commands).
+* Every module's docstring closes with what it may import: its last paragraph has a
+  sentence starting "May import" or "Imports" (``Imports attrs and the config only.``).
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 from pathlib import Path
 
 # The package being tested: the checkout's, or the one installed from a wheel (CI).
@@ -30,6 +33,8 @@ TOOLS = frozenset(("tools",))
 them only ``adaptive_lb.__main__``, which runs the CLI, may import a tool."""
 LEFT_COLUMN = 38
 """Width of the module column of the layer drawing in docs/design.md."""
+IMPORT_SENTENCE = re.compile(r"\b(?:May import|Imports)\b")
+"""What the closing paragraph of a module's docstring says: what the module may import."""
 
 
 def module_name(path: Path) -> str:
@@ -197,3 +202,27 @@ def test_the_layers_of_the_design_are_the_imports():
         if part(imported) in TOOLS
     )
     assert into_tools == []
+
+
+def says_what_it_may_import(docstring: str) -> bool:
+    """Whether the last paragraph of ``docstring`` has a "May import" / "Imports" sentence."""
+    return bool(IMPORT_SENTENCE.search(docstring.strip().split("\n\n")[-1]))
+
+
+def test_the_import_sentence_is_read_from_the_closing_paragraph():
+    assert says_what_it_may_import("What it is.\n\nImports attrs and the config only.")
+    assert says_what_it_may_import("What it is.\n\nMay import: the driver; nothing else.")
+    assert not says_what_it_may_import("What it is.")
+    assert not says_what_it_may_import("Imports attrs only.\n\nWhat it is.")
+    assert not says_what_it_may_import("What it is.\n\nNothing imports it before setup.")
+
+
+def test_every_module_says_what_it_may_import():
+    missing = sorted(
+        name
+        for name, path in modules().items()
+        if not says_what_it_may_import(
+            ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        )
+    )
+    assert missing == []

@@ -14,4 +14,7 @@ datacenter peers) nor the baseline policies of ``adaptive_lb.tools.sim.baselines
 
 The real Apache Cassandra cluster of the integration tests (``tests/integration/cassandra.py``)
 runs on ``jvm`` too.
+
+Imports nothing. Its modules import the standard library, each other and (``load``) the
+library's driver access, never another tool.
 """

@@ -2,6 +2,8 @@
 
 The driver is imported when :func:`connect_driver` is called, so importing this module needs
 neither cassandra-driver nor scylla-driver.
+
+Imports the standard library only, the driver when called.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Maven Central and run as child processes. This module is everything they share:
   open TCP port and/or a probe, the log's tail in error messages, signals (SIGSTOP/SIGCONT),
   stop by PID (SIGTERM, SIGKILL after a grace period) and an ``atexit`` hook that does the same.
 
-Only the standard library is used.
+Imports the standard library and :mod:`~adaptive_lb.tools.peers.net` only.
 """
 
 from __future__ import annotations

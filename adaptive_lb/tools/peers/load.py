@@ -4,6 +4,9 @@
 passed; every request's attempted hosts, coordinator and latency are kept, and every failed
 request is counted with why (a parameter the driver cannot bind fails the request, not the
 thread). :func:`key_maker` makes keys of the statement's key type.
+
+Imports attrs and the library's :mod:`adaptive_lb._driver` only; the library never imports a
+tool.
 """
 
 from __future__ import annotations

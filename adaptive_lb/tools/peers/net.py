@@ -1,6 +1,6 @@
 """Loopback ports for the test servers: pick a free one, check one can be bound or is open.
 
-Only the standard library is used.
+Imports the standard library only.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ Facts that shape this module (measured, see ``/work/shared/notes/simulacron.md``
 
 The names that used to live here (REST client, driver helpers) are re-exported, so
 ``from adaptive_lb.tools.peers.simulacron import connect_driver`` and the like keep working.
-Only the standard library is used; the driver is imported lazily by :func:`connect_driver`.
+Imports the standard library and the other ``peers`` modules; the driver lazily, by
+:func:`connect_driver`.
 """
 
 from __future__ import annotations

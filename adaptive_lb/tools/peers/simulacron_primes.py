@@ -13,7 +13,8 @@ Facts that shape this module (measured, see ``/work/shared/notes/simulacron.md``
   forgets the keyspace on its next schema refresh. :meth:`SimulacronClient.clear_primes`
   re-primes the keyspaces afterwards unless told not to.
 
-Only the standard library is used.
+Imports the standard library and
+:mod:`~adaptive_lb.tools.peers.simulacron_rest` only.
 """
 
 from __future__ import annotations

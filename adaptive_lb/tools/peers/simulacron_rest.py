@@ -7,7 +7,7 @@ dropped connections. What the nodes *answer* (primes) is added on top of it by
 :class:`~adaptive_lb.tools.peers.simulacron_primes.SimulacronClient`; starting the Java process by
 :class:`~adaptive_lb.tools.peers.simulacron.Simulacron`.
 
-Only the standard library is used.
+Imports the standard library only.
 """
 
 from __future__ import annotations

@@ -16,4 +16,7 @@ Around them: :mod:`~adaptive_lb.tools.sim.engine` (the event queue),
 :mod:`~adaptive_lb.tools.sim.runner`, :mod:`~adaptive_lb.tools.sim.metrics`,
 :mod:`~adaptive_lb.tools.sim.report`, :mod:`~adaptive_lb.tools.sim.tracing` and
 :mod:`~adaptive_lb.tools.sim.cli`; scenarios are read by :mod:`~adaptive_lb.tools.sim.scenario`.
+
+Imports nothing. Its modules may import the library, each other and the CLI's formatter,
+never another tool.
 """

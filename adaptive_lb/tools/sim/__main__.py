@@ -1,4 +1,7 @@
-"""``python -m adaptive_lb.tools.sim demo|simulate ...``."""
+"""``python -m adaptive_lb.tools.sim demo|simulate ...``.
+
+Imports :mod:`~adaptive_lb.tools.sim.cli` only.
+"""
 
 import sys
 

@@ -12,6 +12,8 @@ its thread pools (``nodes.thread_pools``, :mod:`adaptive_lb.tools.sim.load_reads
 The arrivals are drawn from a stream of their own per node (``rng_for(node name)``), so they
 are the same for every policy of a scenario and a run stays a function of its seed. Requests
 that arrive while the node is down are lost; a paused node queues them.
+
+Imports the simulator's engine, faults, nodes and scenario only.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ their code), as driver ``LoadBalancingPolicy`` subclasses that wrap a child
   replicas when fewer than half are unhealthy; a replica up for less than 60 s and among
   the first two goes to the back 3 times out of 4; otherwise the first two replicas are
   swapped if the first has more in flight.
+
+Imports the driver's public API and the library's clock only.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ subparsers; each command's handler (``args.handler(args)``) returns an exit code
 
 Every (scenario, policy) pair runs on a worker process (``--jobs``, default one per CPU).
 Same ``--seed`` -> identical numbers (and byte-identical ``--json``).
+
+May import the simulator, the config and the CLI's formatter; the library never imports a
+tool.
 """
 
 from __future__ import annotations

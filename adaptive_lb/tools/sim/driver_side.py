@@ -23,6 +23,9 @@ client on the virtual clock, so that the simulator drives the same rules as prod
 
 Not modelled: the driver replacing a connection whose orphaned streams pass its threshold
 (the simulated nodes answer every request they accept, except under a ``timeouts`` fault).
+
+Imports the library's probes and probe record and the simulator's engine, nodes, servers and
+load reads only.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ It serves nothing; the simulated servers behind the hosts are
 :class:`~adaptive_lb.tools.sim.servers.SimulatedServers`. Old names, kept as aliases because many
 tests use them: ``ClusterModel`` (:class:`DriverTopology`) and ``build_cluster``
 (:func:`build_topology`).
+
+Imports attrs and the driver's public API; nothing of adaptive-lb.
 """
 
 from __future__ import annotations

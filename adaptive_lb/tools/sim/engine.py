@@ -4,6 +4,8 @@ Every event is ``(time_ns, seq, callback, arg)``; ``seq`` makes events at the sa
 run in the order they were scheduled, so a run is a pure function of its seeds. Before each
 callback the engine moves the shared :class:`~adaptive_lb.clock.ManualClock` to the event's
 time, so the policies' own tracking and health code (which read that clock) see virtual time.
+
+Imports the library's clock only.
 """
 
 from __future__ import annotations

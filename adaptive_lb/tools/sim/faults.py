@@ -2,6 +2,8 @@
 windows on one node, and ``down`` faults become events that kill and restart the node and
 tell every client's policy (``on_down`` / ``on_up``, hosts marked down / up) the way the
 driver does when a node's connections drop and when it comes back.
+
+Imports the simulator's engine, nodes, servers and scenario only.
 """
 
 from __future__ import annotations

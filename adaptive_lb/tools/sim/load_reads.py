@@ -16,6 +16,9 @@ The rows then go where the prober's go: :func:`~adaptive_lb.server_load.parse_po
 :meth:`~adaptive_lb.server_load.ServerLoadRecord.answer` (or ``fail``), and the policy's own
 health refresh turns them into the host's factor (:func:`~adaptive_lb.server_load.publish`):
 the production code, nothing of it re-implemented here.
+
+Imports the library's :mod:`adaptive_lb.server_load` and the simulator's engine, nodes and
+servers only.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ included; a timed-out request counts at the timeout), its status, whether an att
 to a coordinator outside the client's zone, whether it touched a node while a fault was
 active there. Per host: coordinator attempts (the load the client-side policy decides),
 over time for the traffic-share plot, and replica reads served.
+
+Imports attrs, the simulator's workload and (for types) its scenario only.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 :class:`Network` holds the scenario's one-way latency matrix between zones (a zone missing
 from the matrix is ``inter_dc_us`` away when it is in another datacenter, 0 when in the
 same) and multiplies it by a lognormal jitter drawn from its own random stream.
+
+Imports the simulator's scenario only.
 """
 
 from __future__ import annotations

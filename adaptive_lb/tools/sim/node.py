@@ -8,6 +8,8 @@ service time, pauses (no progress at all: tasks in service and messages waiting 
 when the pause ends), warm-up after a restart, a CPU shared with another tenant, a fraction
 of fast errors or of requests never answered. What a node does with a request it receives
 is :mod:`adaptive_lb.tools.sim.servers`' business.
+
+Imports the simulator's engine, network and scenario only.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ name                      policy objects (one set per simulated client)
 ``slow-replica``          :class:`~adaptive_lb.tools.sim.baselines.SlowReplicaAvoidancePolicy`
                           (Java driver 4) around ``TokenAware(DCAware)``
 ========================  ==========================================================
+
+May import the library's policy, config and clock, the driver's policies and the simulator's
+baselines.
 """
 
 from __future__ import annotations

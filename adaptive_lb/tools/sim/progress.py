@@ -1,7 +1,10 @@
 """A tiny progress bar on stderr (one line per step when stderr is not a terminal).
 
 ``adaptive-lb demo`` shows two in turn: one step per (scenario, policy) run, then one per
-scenario plotted (titled ``plots``)."""
+scenario plotted (titled ``plots``).
+
+Imports the standard library only.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 
 Plots need matplotlib (optional: ``pip install "adaptive-lb[demo]"``); without it
 :func:`write_plots` returns a note and writes nothing.
+
+Imports the simulator's faults, metrics and targets; matplotlib on first use.
 """
 
 from __future__ import annotations

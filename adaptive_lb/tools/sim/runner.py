@@ -6,6 +6,8 @@ the ``random`` module), and worker processes are started with a fixed ``PYTHONHA
 (the stock ``DCAwareRoundRobinPolicy`` orders hosts through a ``set``, whose order depends
 on string hashing). The same seed gives byte-identical JSON; the cluster, the keys and the
 open-loop arrivals are the same for every policy of a scenario (common random numbers).
+
+May import the whole simulator but its CLI, attrs and the library's clock.
 """
 
 from __future__ import annotations

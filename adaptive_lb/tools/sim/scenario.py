@@ -19,6 +19,8 @@ as ``path.to.key: reason (line N)`` with the closest valid key for an unknown on
 Zones are the driver's racks (a host's ``rack`` is its zone name). Nodes are named
 ``ZONE/INDEX`` (``A/0`` is the first node of zone A). Times are virtual seconds from the
 start of the run, latencies microseconds (``_us``) or milliseconds (``_ms``).
+
+Imports attrs, the config's toolkit and :mod:`~adaptive_lb.tools.sim.scenario_checks` only.
 """
 
 from __future__ import annotations

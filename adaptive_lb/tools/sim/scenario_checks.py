@@ -6,6 +6,9 @@ names); the checks across keys (zones unique, faults on nodes that exist...) are
 :func:`adaptive_lb.tools.sim.scenario.cross_checks`, beside the scenario they read.
 Their messages name the place inside the value (``datacenters.dc1.A: ...``) or the key path,
 so that the loader (:mod:`adaptive_lb.config.structure`) reports the full path and its line.
+
+Imports attrs and the config's errors only; never :mod:`~adaptive_lb.tools.sim.scenario`,
+which imports it.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ client side's view of the same cluster (the driver's ``Metadata``, ``Host`` obje
 
 Not modelled (stated so the numbers can be judged): Cassandra's dynamic snitch and rapid
 read protection (speculative retry at the coordinator), digest reads, read repair.
+
+Imports the simulator's engine, network, nodes, scenario and driver topology only.
 """
 
 from __future__ import annotations

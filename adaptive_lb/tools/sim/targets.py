@@ -8,6 +8,9 @@ traffic): a slow node avoided from a few requests a second, no equal node avoide
 nodes sharing evenly, a stalled node found by active probes (few user requests caught in
 the stall), and a node busy with other clients' load left by the server's own view of its
 queues.
+
+Imports attrs and (for types) the simulator's metrics only; never the report, which imports
+it.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ nanoseconds since the simulation began. Runs of one demo therefore line up side 
 Jaeger, each lasting as long as it did in virtual time.
 
 No routing-key bytes leave the process: requests carry the partition's index, not its key.
+
+Imports attrs, the OpenTelemetry API, the library's clock and config; the exporters on first
+use.
 """
 
 from __future__ import annotations

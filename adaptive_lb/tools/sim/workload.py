@@ -20,6 +20,9 @@ Each :class:`Client` is one application instance in one zone with its own policy
 Load: *closed loop* (each client keeps ``concurrency`` requests outstanding, with an
 optional exponential think time) or *open loop* (Poisson arrivals at ``rate``, spread over
 the clients at random). Keys are uniform or Zipf over ``keys.count`` partitions.
+
+Imports the driver's public API and the simulator's engine, nodes, servers, policies and
+scenario only.
 """
 
 from __future__ import annotations
