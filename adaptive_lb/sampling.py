@@ -15,8 +15,11 @@ request, before anything is known about it, and tracks only the requests it pick
 * k from the measured request rate: ``k = floor(rate / (samples_per_host x local
   hosts))``, at least 1 -- every request while the policy's traffic is within the budget,
   which is where the thin-traffic judgement needs every answer it can get. The rate is
-  re-measured on a picked request once ``RESAMPLE_S`` has passed, so a burst turns sampling
-  on within a quarter of a second and a lull turns it off within one picked request;
+  re-measured on a picked request once ``RESAMPLE_S`` has passed, and a lull turns sampling
+  off within one picked request. While every request is tracked, it is re-measured as soon
+  as a quarter second's budget of requests (:func:`burst_count`) has come, however soon: a
+  burst after a pause (the rate measured across the pause said 1) turns sampling on after
+  that many requests, not after a quarter second of tracking all of them;
 * ``samples_per_host: 0`` tracks every request (k stays 1).
 
 A host that gets few requests because it is avoided (a SLOW host at 64x penalty) gets few
@@ -34,10 +37,12 @@ from random import random
 
 from adaptive_lb.counting import counter_value
 
-__all__ = ["RESAMPLE_S", "Sampler", "sample_every"]
+__all__ = ["BURST_FLOOR", "RESAMPLE_S", "Sampler", "burst_count", "sample_every"]
 
 RESAMPLE_S = 0.25
 """Seconds between two measurements of the request rate."""
+BURST_FLOOR = 32
+"""Fewest requests a rate is measured over before ``RESAMPLE_S`` has passed."""
 
 
 def sample_every(rate: float, samples_per_host: float, hosts: int) -> int:
@@ -49,6 +54,14 @@ def sample_every(rate: float, samples_per_host: float, hosts: int) -> int:
     return max(1, math.floor(rate / budget))
 
 
+def burst_count(samples_per_host: float, hosts: int) -> float:
+    """Requests after which the rate is re-measured at once while every request is tracked:
+    the budget of ``RESAMPLE_S`` (at least :data:`BURST_FLOOR`; never with sampling off)."""
+    if samples_per_host <= 0:
+        return math.inf
+    return max(BURST_FLOOR, samples_per_host * max(hosts, 1) * RESAMPLE_S)
+
+
 class Sampler:
     """Picks the requests of one policy that are tracked (see the module docstring).
 
@@ -56,7 +69,16 @@ class Sampler:
     Read by every request without a lock: ``every`` (k) and ``count``; a race between two
     threads re-measuring at once only measures twice."""
 
-    __slots__ = ("_last_n", "_last_ns", "count", "every", "hosts", "now_ns", "samples_per_host")
+    __slots__ = (
+        "_burst",
+        "_last_n",
+        "_last_ns",
+        "count",
+        "every",
+        "hosts",
+        "now_ns",
+        "samples_per_host",
+    )
 
     def __init__(
         self, samples_per_host: float, hosts: Callable[[], int], now_ns: Callable[[], int]
@@ -70,6 +92,7 @@ class Sampler:
         """k: each request is tracked with probability 1 / ``every``."""
         self._last_n = 0
         self._last_ns = now_ns()
+        self._burst = burst_count(samples_per_host, 0)
 
     def take(self) -> bool:
         """Whether the request being sent is tracked (call once per request). Tracking
@@ -82,18 +105,22 @@ class Sampler:
         return True
 
     def picked(self, n: int) -> None:
-        """Request ``n`` was picked: re-measure the rate if ``RESAMPLE_S`` has passed."""
+        """Request ``n`` was picked: re-measure the rate if ``RESAMPLE_S`` has passed, or
+        (every request tracked) once :func:`burst_count` requests have come."""
         now = self.now_ns()
         elapsed_s = (now - self._last_ns) / 1e9
-        if elapsed_s < RESAMPLE_S:
+        if elapsed_s < RESAMPLE_S and (self.every > 1 or n - self._last_n < self._burst):
             return
-        rate = (n - self._last_n) / elapsed_s
+        rate = (n - self._last_n) / max(elapsed_s, 1e-6)
         self._last_n, self._last_ns = n, now
-        self.every = sample_every(rate, self.samples_per_host, self.hosts())
+        hosts = self.hosts()
+        self.every = sample_every(rate, self.samples_per_host, hosts)
+        self._burst = burst_count(self.samples_per_host, hosts)
 
     def configure(self, samples_per_host: float) -> None:
         """Adopt a new ``tracking.samples_per_host`` (0: every request, at once)."""
         self.samples_per_host = samples_per_host
+        self._burst = burst_count(samples_per_host, self.hosts())
         if samples_per_host <= 0:
             self.every = 1
 

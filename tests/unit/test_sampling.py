@@ -9,7 +9,7 @@ import pytest
 
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import TrackingConfig
-from adaptive_lb.sampling import RESAMPLE_S, Sampler, sample_every
+from adaptive_lb.sampling import RESAMPLE_S, Sampler, burst_count, sample_every
 from adaptive_lb.stats_registry import StatsRegistry
 
 
@@ -99,3 +99,29 @@ def test_in_flight_comes_from_the_sources_when_there_are_any():
     registry.remove_in_flight_source()
     assert (before.in_flight, after.in_flight) == (1, 0)  # counted here again
     assert before.counted_in_flight == 1
+
+
+def test_a_burst_after_a_pause_is_sampled_after_a_quarter_seconds_budget():
+    """The rate measured across a pause says 1 (every request tracked); the burst after it
+    is measured again after ``burst_count`` requests, not after a quarter second of tracking
+    all of them (at 4,000 a second, ~1,000 requests)."""
+    random.seed(3)
+    clock = ManualClock()
+    sampler = Sampler(100.0, lambda: 3, clock.now_ns)
+    drive(sampler, clock, 4000, 1.0)
+    assert sampler.every == 13  # 4,000 / (100 x 3)
+    clock.advance(4 * 10**9)  # a pause: the next picked request measures a low rate
+    drive(sampler, clock, 4000, 0.01)
+    assert sampler.every == 1
+    budget = burst_count(100.0, 3)
+    assert budget == 75  # 100 x 3 x RESAMPLE_S
+    tracked = drive(sampler, clock, 4000, 0.05)  # 200 requests, 50 ms
+    assert sampler.every == 13
+    assert tracked < budget + 200 / 13 + 15  # not all 200
+
+
+def test_with_sampling_off_no_burst_turns_it_on():
+    clock = ManualClock()
+    sampler = Sampler(0.0, lambda: 3, clock.now_ns)
+    assert drive(sampler, clock, 10_000, 0.5) == 5000
+    assert sampler.every == 1
