@@ -51,12 +51,17 @@ def test_a_changed_quote_fails_and_sync_restores_it(tmp_path):
     readme = root / "README.md"
     marker = "<!--fig e2e_overhead/cassandra-driver adaptive.throughput-->"
     text = readme.read_text(encoding="utf-8")
-    assert f"0.916{marker}" in text
-    readme.write_text(text.replace(f"0.916{marker}", f"0.926{marker}"), encoding="utf-8")
+    data = json.loads((root / "docs" / "figures.json").read_text(encoding="utf-8"))
+    quoted = (
+        f"{data['records']['e2e_overhead/cassandra-driver']['figures']['adaptive.throughput']:.3f}"
+    )
+    wrong = "0.123"
+    assert f"{quoted}{marker}" in text
+    readme.write_text(text.replace(f"{quoted}{marker}", f"{wrong}{marker}"), encoding="utf-8")
     [problem] = figures.check(root)
-    assert problem.startswith("README.md:") and "quotes 0.926" in problem and "0.916" in problem
+    assert problem.startswith("README.md:") and f"quotes {wrong}" in problem and quoted in problem
     [change] = figures.sync(root)
-    assert "0.926 -> 0.916" in change
+    assert f"{wrong} -> {quoted}" in change
     assert readme.read_text(encoding="utf-8") == text
     assert figures.check(root) == []
 
