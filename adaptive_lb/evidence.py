@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Hashable, Iterable, Mapping
-from typing import TypeVar
 
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.stats import WindowStats
@@ -61,8 +60,6 @@ DEFAULT_SPREAD = 0.5
 MIN_SPREAD = 0.2
 """The least log-spread assumed: a cluster measured steadier than this (p95 < 1.4 x p50)
 still needs a few answers, not one."""
-_K = TypeVar("_K", bound=Hashable)
-
 SPREAD_SAMPLES = 10
 """Answers a host needs before its p95 / p50 counts in :func:`latency_spread`."""
 _MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median / of a mean (normal)
@@ -150,15 +147,13 @@ def erroring_by_evidence(window: WindowStats, config: HealthConfig) -> str | Non
 
 
 def typical_samples(
-    windows: Mapping[_K, WindowStats],
-    groups: Mapping[_K, Hashable],
-    min_samples: int = MIN_EVIDENCE,
+    windows: Mapping[Hashable, WindowStats], groups: Mapping[Hashable, Hashable]
 ) -> dict[Hashable, int]:
-    """Per group, the median sample count of its hosts with ``min_samples`` answers: about
-    how many answers of each peer a peer median of these rules rests on (the latency
-    factor and the probes' round trips weigh its uncertainty too)."""
+    """Per group, the median sample count of its hosts with ``MIN_EVIDENCE`` answers: about
+    how many answers of each peer the evidence rules' peer median rests on (the latency
+    factor weighs its uncertainty too)."""
     counts: dict[Hashable, list[int]] = {}
     for key, window in windows.items():
-        if window.samples >= min_samples:
+        if window.samples >= MIN_EVIDENCE:
             counts.setdefault(groups.get(key), []).append(window.samples)
     return {group: round(statistics.median(values)) for group, values in counts.items()}

@@ -33,7 +33,6 @@ from adaptive_lb.health_state import HealthState
 from adaptive_lb.health_verdict import HostHealth, warming_penalty
 from adaptive_lb.locality import RackDistances, RackKey
 from adaptive_lb.peer_groups import peer_median, peer_medians
-from adaptive_lb.probe_latency import still_slow_hosts
 from adaptive_lb.probes import judge
 from adaptive_lb.stats import HostStats, WindowStats
 
@@ -269,12 +268,9 @@ class HealthModel:
         )
         spread = latency_spread(windows.values())
         peer_samples = typical_samples(windows, groups)
-        probing = self.probing and config.probe_interval > 0
-        # A SLOW host's probes say whether it is still clearly slow (adaptive_lb.probe_latency).
-        args = (stats, groups, racks, thin_distances, typical, spread, config, now, window_s)
-        probe_slow = still_slow_hosts(*args) if probing else {}
 
         transitions = []
+        probing = self.probing and config.probe_interval > 0
         latency_config = config.latency_factor
         stalled: dict[Hashable, float] = {}
         with self._state_lock:
@@ -300,7 +296,6 @@ class HealthModel:
                     failures,
                     peer_typical=typical[key],
                     spread=spread,
-                    probe_slow=probe_slow.get(key),
                 )
                 if probing:
                     new = judge(
@@ -321,7 +316,6 @@ class HealthModel:
                         peer_samples.get(groups.get(key), 0),
                         spread,
                         latency_config,
-                        key in probe_slow,
                     )
                 host.latency_factor = latency.factor
                 if new.probe is None:

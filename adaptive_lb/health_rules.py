@@ -64,9 +64,8 @@ Quick to protect, slow to forgive:
   SLOW, requests for ERRORING) a bad state holds -- but a penalised host gets little
   traffic, so once a whole window has passed in the state without enough fresh evidence,
   it moves to WARMING ("probing"): traffic ramps back, evidence comes in, and if it is
-  still bad it goes straight back (unless its active probes say it is still clearly slower
-  than its peers, :mod:`adaptive_lb.probe_latency`: then it stays SLOW) (ERRORING hosts
-  are probed instead, as above). A SLOW host whose peers have no data any more also
+  still bad it goes straight back (ERRORING hosts are probed instead, as above). A SLOW
+  host whose peers have no data any more also
   moves to WARMING (it is no longer an outlier of anything).
 
 Imports the config, the statistics, the health states and, of its own row, the verdict, the
@@ -118,7 +117,6 @@ def assess(
     *,
     peer_typical: float | None = None,
     spread: float = DEFAULT_SPREAD,
-    probe_slow: str | None = None,
 ) -> HostHealth:
     """The next verdict for a host; a pure function (see the module docstring for the
     rules).
@@ -133,9 +131,7 @@ def assess(
     what it did since the previous verdict is the fresh evidence of a way back
     (:mod:`adaptive_lb.health_return`). ``peer_typical`` (the peers' median p50) and
     ``spread`` feed the rules for hosts with fewer than ``min_samples``
-    (:mod:`adaptive_lb.evidence`). ``probe_slow``: why the host's probes say it is still
-    clearly slow (:mod:`adaptive_lb.probe_latency`); then a SLOW host is not let back on
-    its window's lapse.
+    (:mod:`adaptive_lb.evidence`).
     """
     penalties = config.penalties
     latency = window.latency.get(float(config.percentile))
@@ -346,8 +342,6 @@ def assess(
                     f"{_s(threshold)} (peer median {_s(peer_median)}), "
                     f"{window.samples} samples"
                 )
-        elif in_state_s >= window_s and probe_slow is not None:
-            return verdict(state, penalties.slow, probe_slow, previous.since_ns, previous.cause)
         elif in_state_s >= window_s:
             return warming(
                 f"probing: only {window.samples} samples in the {window_s:g}s "

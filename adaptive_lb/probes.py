@@ -9,12 +9,8 @@ apart from the user's requests, and never enters the latency window.
 **Which hosts** (:class:`ProbeScheduler`, at each health refresh): a host that is
 
 * ERRORING (stalled, or erroring) -- to see it answer again;
-* WARMING after a stall, SLOW, or HEALTHY with a latency factor above 1 (*suspected slow*)
-  -- unless it answered a user request within ``probe_interval`` (enough fresh user
-  traffic);
-* a HEALTHY peer (same datacenter) of a host probed as SLOW or suspected slow, every
-  ``REFERENCE_INTERVALS`` x ``probe_interval``: the *reference* its probes' round trips are
-  compared with (:mod:`adaptive_lb.probe_latency`);
+* WARMING after a stall, or SLOW -- unless it answered a user request within
+  ``probe_interval`` (enough fresh user traffic);
 * *suspected*: requests in flight and no answer for ``probe_timeout`` (a probe would have
   failed by then), or a user request failed and nothing answered since;
 * without fresh evidence: it had user requests in the window, but neither they nor a probe
@@ -46,8 +42,7 @@ since its last probe. A healthy host answering its user requests is never probed
   and since the last failed try.
 
 No driver import, no thread, no clock of its own. Imports attrs and adaptive-lb's pure
-layers only (config, health_verdict, health_return, health_state, probe_latency,
-probe_record, stats).
+layers only (config, health_verdict, health_return, health_state, probe_record, stats).
 """
 
 from __future__ import annotations
@@ -61,21 +56,10 @@ from adaptive_lb.config import HealthConfig
 from adaptive_lb.health_return import hold_s
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.health_verdict import HostHealth
-from adaptive_lb.probe_latency import REFERENCE_INTERVALS
 from adaptive_lb.probe_record import TIMEOUT, ProbeRecord
 from adaptive_lb.stats import HostStats, WindowStats
 
-__all__ = [
-    "JITTER",
-    "PROBE_QUERY",
-    "REFERENCE",
-    "SUSPECTED",
-    "ProbeOrder",
-    "ProbeScheduler",
-    "judge",
-    "probe_reason",
-    "reference_reason",
-]
+__all__ = ["JITTER", "PROBE_QUERY", "ProbeOrder", "ProbeScheduler", "judge", "probe_reason"]
 
 PROBE_QUERY = "SELECT release_version FROM system.local"
 """What a probe asks: one row the node reads from its own memory, that every role may read
@@ -87,13 +71,7 @@ IDLE_INTERVALS = 2.0
 """A host with user requests in the window but no answer (user or probe) for this many
 ``probe_interval`` is probed: its evidence is stale."""
 
-SUSPECTED = "suspected slow"
-"""The reason of a probe sent to a HEALTHY host that its latency factor keeps away."""
-REFERENCE = "reference for a slow peer"
-"""The reason of a probe sent to a healthy peer of a host probed as SLOW."""
-
 _NS = 1_000_000_000
-_SLOW = ("slow", SUSPECTED)
 
 
 @define(frozen=True, slots=True)
@@ -146,8 +124,6 @@ def probe_reason(
         return "stalled" if verdict is not None and verdict.cause == "stall" else "erroring"
     if state is HealthState.SLOW and not fresh:
         return "slow"
-    if state is HealthState.HEALTHY and stats.latency_factor > 1.0 and not fresh:
-        return SUSPECTED
     if state is HealthState.WARMING and verdict is not None and verdict.warm_up_s is not None:
         return None if fresh else "returning after a stall"
     if stalled_s > 0 and stalled_s >= suspect_s:
@@ -161,22 +137,6 @@ def probe_reason(
         if now_ns - last >= IDLE_INTERVALS * interval_s * _NS:
             return "no fresh answer"
     return None
-
-
-def reference_reason(
-    verdict: HostHealth | None, stats: HostStats, now_ns: int, interval_s: float
-) -> str | None:
-    """Why a peer of a host probed as SLOW should be probed now as its reference (None: it
-    should not): a HEALTHY host (the others are probed for themselves, or not peers to
-    compare with) none of whose probes was sent within :data:`REFERENCE_INTERVALS` x
-    ``interval_s``. A probe's round trip is comparable with a probe's, not with a user
-    request's (:mod:`adaptive_lb.probe_latency`)."""
-    if verdict is not None and verdict.state is not HealthState.HEALTHY:
-        return None
-    sent_ns = stats.probes.last_sent_ns
-    if sent_ns is not None and now_ns - sent_ns < REFERENCE_INTERVALS * interval_s * _NS:
-        return None
-    return REFERENCE
 
 
 class ProbeScheduler:
@@ -195,20 +155,19 @@ class ProbeScheduler:
         stalled: Mapping[Hashable, float],
         now_ns: int,
         config: HealthConfig,
-        groups: Mapping[Hashable, Hashable] | None = None,
     ) -> list[ProbeOrder]:
         """The probes to send now, from ``hosts`` as ``(key, stats, live)`` and the health
         model's last verdicts, windows and stall clocks. No probe when
-        ``config.probe_interval`` is 0. With ``groups`` (host -> datacenter), the peers of
-        a host probed as SLOW are probed too, as its reference (:func:`reference_reason`)."""
+        ``config.probe_interval`` is 0."""
         interval_s = config.probe_interval
         if interval_s <= 0:
             return []
         listed = list(hosts)
         latest = max((observe(stats, now_ns) for _, stats, _ in listed), default=0)
         busy = bool(listed) and now_ns - latest < interval_s * _NS
-        reasons = [
-            probe_reason(
+        orders = []
+        for key, stats, live in listed:
+            reason = probe_reason(
                 verdict.get(key),
                 stats,
                 windows.get(key),
@@ -218,20 +177,6 @@ class ProbeScheduler:
                 busy,
                 config.probe_timeout,
             )
-            for key, stats, _ in listed
-        ]
-        if groups is not None:
-            slow = {
-                groups.get(key)
-                for (key, _, _), why in zip(listed, reasons, strict=True)
-                if why in _SLOW
-            }
-            if slow:
-                for i, (key, stats, _) in enumerate(listed):
-                    if reasons[i] is None and groups.get(key) in slow:
-                        reasons[i] = reference_reason(verdict.get(key), stats, now_ns, interval_s)
-        orders = []
-        for (key, stats, live), reason in zip(listed, reasons, strict=True):
             record = stats.probes
             if reason is None or not live or record.outstanding or now_ns < record.next_ns:
                 continue

@@ -107,7 +107,6 @@ class HealthRefresh:
             health.stalled,
             health.clock.now_ns(),
             health.config,
-            {view.host: view.datacenter for view in views},
         )
         for order in orders:
             send(order)

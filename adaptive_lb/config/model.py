@@ -244,14 +244,11 @@ class HealthConfig:
     process). 0 disables."""
     probe_interval: float = duration(1.0, ge(0.0), le(60.0))
     """Active probes: how often, at most, a host that is stalled, erroring, returning from
-    a stall, SLOW, kept away by its latency factor, suspected (a failure or requests in
-    flight without an answer) or without a fresh answer for 2 x this long is sent a probe
-    of adaptive-lb's own (``SELECT release_version FROM system.local``, to that host only),
-    jittered by +/- 25 %, one outstanding per host; the healthy peers of a SLOW host, one
-    every 2 x this long, as the reference its probes' round trips are compared with. A
-    stalled or erroring host then gets no user request until a probe answers; a slow one
-    is not let back while its probes are clearly slower than its peers'. Probes go out
-    only while request tracking is attached
+    a stall, SLOW, suspected (a failure or requests in flight without an answer) or without
+    a fresh answer for 2 x this long is sent a probe of adaptive-lb's own
+    (``SELECT release_version FROM system.local``, to that host only), jittered by
+    +/- 25 %, one outstanding per host. A stalled or erroring host then gets no user
+    request until a probe answers. Probes go out only while request tracking is attached
     (``attach`` / ``instrument``). 0 disables them: a stalled or erroring host is tried
     again with one user request (10 for errors) once its hold is over."""
     probe_timeout: float = duration(0.5, gt(0.0), le(60.0))
