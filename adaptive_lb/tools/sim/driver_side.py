@@ -14,7 +14,8 @@ client on the virtual clock, so that the simulator drives the same rules as prod
   (:class:`~adaptive_lb.tools.sim.workload.Client`).
 * :class:`SimProber` -- the active probes (:mod:`adaptive_lb.prober`): the policy's
   ``use_prober`` sender, sending each ordered probe to its node as a coordinator-only task
-  (network both ways, the node's queue, pauses, injected faults, down) with
+  (:mod:`adaptive_lb.tools.sim.own_requests`: network both ways, the node's queue, pauses,
+  injected faults, down) with
   ``health.probe_timeout``, its outcome recorded on the host's
   :class:`~adaptive_lb.probe_record.ProbeRecord` exactly as the prober's callbacks do.
 * server-load reads -- where the scenario says what the nodes report
@@ -24,7 +25,7 @@ client on the virtual clock, so that the simulator drives the same rules as prod
 Not modelled: the driver replacing a connection whose orphaned streams pass its threshold
 (the simulated nodes answer every request they accept, except under a ``timeouts`` fault).
 
-Imports the library's probes and probe record and the simulator's engine, nodes, servers and
+Imports the library's probes and probe record and the simulator's own requests, servers and
 load reads only.
 """
 
@@ -35,9 +36,8 @@ from typing import Any
 
 from adaptive_lb.probe_record import ANSWERED, FAILED, TIMEOUT
 from adaptive_lb.probes import ProbeOrder
-from adaptive_lb.tools.sim.engine import NS_PER_S, Engine
 from adaptive_lb.tools.sim.load_reads import SimLoadReader
-from adaptive_lb.tools.sim.node import DROPPED, FAILED_FAST, Node
+from adaptive_lb.tools.sim.own_requests import OwnRequests, Trip
 from adaptive_lb.tools.sim.servers import SimulatedServers
 
 __all__ = ["PoolCounts", "SimProber", "attach_driver_side"]
@@ -70,93 +70,33 @@ class PoolCounts:
         return self._counts.get(id(host), 0)
 
 
-class _Probe:
-    """One probe on its way."""
-
-    __slots__ = ("ended", "failures", "node", "record", "sent_ns")
-
-    def __init__(self, node: Node, record: Any, failures: int, sent_ns: int) -> None:
-        self.node = node
-        self.record = record
-        self.failures = failures
-        self.sent_ns = sent_ns
-        self.ended = False
-
-
-class SimProber:
+class SimProber(OwnRequests):
     """Sends one client's probes (``policy.use_prober(prober.send)``); see the module
     docstring. ``zone`` is the client's, ``pools`` its :class:`PoolCounts`."""
 
-    def __init__(
-        self, policy: Any, zone: str, servers: SimulatedServers, pools: PoolCounts
-    ) -> None:
-        self.policy = policy
-        self.zone = zone
-        self.servers = servers
-        self.engine: Engine = servers.engine
-        self.pools = pools
-        self.sent = 0
-        """Probes sent by this client."""
+    failed = FAILED
 
     def send(self, order: ProbeOrder) -> None:
         """Send the probe ``order`` asks for (what :class:`adaptive_lb.prober.Prober` does
         through the driver)."""
-        policy = self.policy
         stats = order.stats
         record = stats.probes
-        if not record.begin(policy.now_ns(), order.next_ns, order.reason):
+        if not record.begin(self.policy.now_ns(), order.next_ns, order.reason):
             return
-        self.sent += 1
-        node = self.servers.node_of(order.key)
-        engine = self.engine
-        probe = _Probe(node, record, stats.errors_total + stats.timeouts_total, engine.now)
-        self.pools.sent(node.host)
-        timeout_ns = round(policy.config.health.probe_timeout * NS_PER_S)
-        engine.at(engine.now + timeout_ns, self._timed_out, probe)
-        delay = self.servers.network.delay(self.zone, node.zone)
-        engine.at(engine.now + delay, self._arrive, probe)
+        failures = stats.errors_total + stats.timeouts_total
+        self.dispatch(order.key, record, failures, self.policy.config.health.probe_timeout)
 
-    def _arrive(self, probe: _Probe) -> None:
-        node = probe.node
-        now = self.engine.now
-        if node.down:
-            self._reply(probe, FAILED, now, reset=True)  # connection reset
-            return
-        fault = node.injected_fault(now)
-        if fault == FAILED_FAST:
-            self._reply(probe, FAILED, node.resume_time(now) + node.coord_ns)
-            return
-        if fault == DROPPED:
-            return  # never answered: its timeout ends it, its stream stays taken
-        if not node.submit(True, False, self._served, probe, self._lost):
-            self._reply(probe, FAILED, now)  # Overloaded: shed at the door
+    def served(self, trip: Trip) -> str:
+        return ANSWERED
 
-    def _served(self, probe: _Probe) -> None:
-        self._reply(probe, ANSWERED, self.engine.now)
-
-    def _lost(self, probe: _Probe) -> None:
-        self._reply(probe, FAILED, self.engine.now, reset=True)  # the node died with it
-
-    def _reply(self, probe: _Probe, outcome: str, at: int, reset: bool = False) -> None:
-        delay = 0 if reset else self.servers.network.delay(probe.node.zone, self.zone)
-        self.engine.at(at + delay, self._answer, (probe, outcome))
-
-    def _answer(self, token: tuple[_Probe, str]) -> None:
-        probe, outcome = token
-        self.pools.answered(probe.node.host)
-        if probe.ended:
-            return  # timed out before: the driver's errback ran then
-        probe.ended = True
-        if outcome == ANSWERED:
-            probe.record.end(ANSWERED, self.policy.now_ns(), probe.failures)
+    def end(self, trip: Trip, answer: str) -> None:
+        if answer == ANSWERED:
+            trip.record.end(ANSWERED, self.policy.now_ns(), trip.note)
         else:
-            probe.record.end(outcome, self.policy.now_ns())
+            trip.record.end(answer, self.policy.now_ns())
 
-    def _timed_out(self, probe: _Probe) -> None:
-        if probe.ended:
-            return
-        probe.ended = True
-        probe.record.end(TIMEOUT, self.policy.now_ns())
+    def expire(self, trip: Trip) -> None:
+        trip.record.end(TIMEOUT, self.policy.now_ns())
 
 
 def attach_driver_side(
