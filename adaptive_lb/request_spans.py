@@ -41,6 +41,7 @@ from cassandra.protocol import ErrorMessage
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from adaptive_lb.attempts import SUCCESS, Attempts, outcome_of
 from adaptive_lb.config import Config, PrivacyConfig
 from adaptive_lb.counting import counter_value, new_counter
 from adaptive_lb.span_attributes import (
@@ -53,7 +54,6 @@ from adaptive_lb.span_attributes import (
     server_attributes,
 )
 from adaptive_lb.tracing import current_recording_span
-from adaptive_lb.tracking import SUCCESS, _Attempts, outcome_of
 
 __all__ = [
     "ATTEMPT_EVENT",
@@ -98,7 +98,7 @@ class _Request:
         self.decision_recorded = False
 
 
-class _ObservedAttempts(_Attempts):
+class _ObservedAttempts(Attempts):
     """The attempts of a request that is recorded: tracking as for any request, plus the
     span's events and attributes and the duration measurement."""
 
@@ -130,7 +130,7 @@ class _ObservedAttempts(_Attempts):
                 request.kinds[id(host)] = (number + 1, kind, host)
             except Exception:
                 self._failed()
-        _Attempts.sent(self, host)
+        Attempts.sent(self, host)
 
     def not_sent(self, host: Any) -> None:
         request = self.request
@@ -139,12 +139,12 @@ class _ObservedAttempts(_Attempts):
                 self._event(request, host, "not_sent", None, None)
             except Exception:
                 self._failed()
-        _Attempts.not_sent(self, host)
+        Attempts.not_sent(self, host)
 
     def answered(self, host: Any, response: Any) -> None:
         request = self.request
         entry = self.get(id(host)) if request is not None else None
-        _Attempts.answered(self, host, response)
+        Attempts.answered(self, host, response)
         if request is None or entry is None:
             return
         try:
@@ -176,7 +176,7 @@ class _ObservedAttempts(_Attempts):
                         self._event(request, sent[2], lost, (now - sent_ns) / 1e9, None)
             except Exception:
                 self._failed()
-        _Attempts.ended(self, exception)
+        Attempts.ended(self, exception)
         if request is not None:
             self.request = None  # later pages of a paged result are not part of this span
             try:

@@ -214,7 +214,7 @@ class Variant:
                 self.session.add_request_init_listener(reclass)
             elif name == "stock-tracked":
                 from adaptive_lb._driver import hook_future
-                from adaptive_lb.tracking import _Attempts
+                from adaptive_lb.attempts import Attempts
 
                 side = AdaptiveLoadBalancingPolicy(TokenAwarePolicy(DCAwareRoundRobinPolicy(DC)))
                 side.populate(self.cluster, list(self.cluster.metadata.all_hosts()))
@@ -222,7 +222,7 @@ class Variant:
                 self.side = side
 
                 def track(future: Any) -> None:
-                    hook_future(future, _Attempts.of(side))
+                    hook_future(future, Attempts.of(side))
 
                 self.session.add_request_init_listener(track)
             if not wait_for_pools(self.session, DC, timeout=30.0):

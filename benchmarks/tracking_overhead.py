@@ -1,22 +1,25 @@
-"""Per-request cost of request tracking, through the real hook path.
+"""Per-request cost of request tracking, through the real driver path.
 
     python benchmarks/tracking_overhead.py             # k = 11, as 3,500 requests/s on 3 nodes
     python benchmarks/tracking_overhead.py --one-in 1  # every request tracked
 
-A real ``cassandra.cluster.ResponseFuture`` goes through exactly what the driver does for a
-one-attempt request -- the request-init listener (``RequestTracker._on_request``: hooks the
-future), ``future._query(host)`` (send), the response
-delivered to ``future._set_result(...)`` with a real ``ResultMessage``, then the final
-``_set_final_result`` -- with and without tracking, in the same run. The network, the
-connection and the driver's own request logic are replaced by no-op stand-ins on a
-subclass of the future (there is no server here), so the difference is what tracking adds:
-count in, record latency (HdrHistogram), count out, plus the hook installation -- on one
-request in ``--one-in`` (adaptive_lb.sampling: the k a policy measures, pinned here; 11 is
-what a client sending 3,500 requests a second to 3 nodes gets with the default
-``tracking.samples_per_host``), and the sampling test on every request. 35 rounds
-of 10,000 requests, each round timed without then with tracking; the cost is the median of
-the 35 paired differences (a round slowed by a noisy neighbour on a shared machine moves
-both halves of its pair), with its interquartile range. The cyclic GC is off while timing.
+The driver's own ``Session.execute_async`` runs for each request, on a ``Session`` subclass
+whose network-facing steps are no-ops (there is no server here;
+:mod:`adaptive_lb.tools.offline_session`): it creates a real ``ResponseFuture`` subclass
+whose plan comes from the policy (as ``ResponseFuture.__init__`` makes it), calls the
+session's ``_on_request`` (the driver's, or the stand-in of an armed request:
+:mod:`adaptive_lb._driver_arming`), then "sends" it: ``future._query(host)``, the response
+delivered to ``future._set_result(...)`` with a real ``ResultMessage``, then
+``_set_final_result``. Two sessions, each with its own identical policy, one attached with
+``adaptive_lb.instrument`` and one not, are timed in the same run, so the difference is what
+tracking adds: the sampler's pick in the plan on every request and, on one request in
+``--one-in`` (adaptive_lb.sampling: the k a policy measures, pinned here; 11 is what a
+client sending 3,500 requests a second to 3 nodes gets with the default
+``tracking.samples_per_host``), arming, the hook, count in, record latency (HdrHistogram),
+count out. 35 rounds of 10,000 requests, each round timed without then with tracking; the
+cost is the median of the 35 paired differences (a round slowed by a noisy neighbour on a
+shared machine moves both halves of its pair), with its interquartile range. The cyclic GC
+is off while timing.
 """
 
 from __future__ import annotations
@@ -26,75 +29,35 @@ import gc
 import json
 import statistics
 import sys
-import threading
 import time
 
 import figures
-from cassandra.cluster import ResponseFuture
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
-from cassandra.protocol import ResultMessage
+from cassandra.query import SimpleStatement
 
-from adaptive_lb import AdaptiveLoadBalancingPolicy
+from adaptive_lb import AdaptiveLoadBalancingPolicy, instrument
 from adaptive_lb.tools.cli_format import HelpFormatter
+from adaptive_lb.tools.offline_session import OfflineSession
 from adaptive_lb.tools.sim.driver_topology import build_cluster
-from adaptive_lb.tracking import RequestTracker
 
 
-class _Listeners:
-    """The two Session methods RequestTracker calls, and a session's (empty) pools: no
-    live session without a server."""
-
-    _pools: dict = {}
-
-    def add_request_init_listener(self, fn, *args, **kwargs):
-        self.listener = fn
-
-    def remove_request_init_listener(self, fn, *args, **kwargs):
-        pass
-
-
-class _NoNetworkFuture(ResponseFuture):
-    """A real ResponseFuture whose network-facing steps are no-ops (there is no server)."""
-
-    def _query(self, host, message=None, cb=None):
-        return 1  # the driver's send
-
-    def _set_result(self, host, connection, pool, response):
-        return None
-
-    def _set_final_result(self, response):
-        return None
-
-    def _set_final_exception(self, response, *args, **kwargs):
-        return None
-
-
-def _future(policy) -> ResponseFuture:
-    future = _NoNetworkFuture.__new__(_NoNetworkFuture)
-    future._load_balancer = policy
-    future._callback_lock = threading.Lock()
-    future._callbacks = []
-    future._errbacks = []
-    future._final_result = ResponseFuture._final_result
-    future._final_exception = None
-    return future
-
-
-def run_once(policy, host, response, count: int, tracked: bool, listener) -> float:
-    futures = [_future(policy) for _ in range(count)]
+def run_once(session, statement, count: int) -> float:
+    execute_async = session.execute_async
     gc.collect()
     gc.disable()
     try:
         start = time.perf_counter()
-        for future in futures:
-            if tracked:
-                listener(future)
-            future._query(host)
-            future._set_result(host, None, None, response)
-            future._set_final_result(None)
+        for _ in range(count):
+            execute_async(statement)
         return (time.perf_counter() - start) / count
     finally:
         gc.enable()
+
+
+def _policy(model) -> AdaptiveLoadBalancingPolicy:
+    policy = AdaptiveLoadBalancingPolicy(TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
+    policy.populate(model.cluster, model.metadata.all_hosts())
+    return policy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,28 +70,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     one_in = args.one_in
     model = build_cluster({"dc1": [2, 2, 2]}, real_cluster=False)
-    policy = AdaptiveLoadBalancingPolicy(TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
-    policy.populate(model.cluster, model.metadata.all_hosts())
-    registry = _Listeners()
-    tracker = RequestTracker(registry)
-    assert tracker.sampling
+    policy, reference = _policy(model), _policy(model)
+    session, untracked = OfflineSession(policy), OfflineSession(reference)
+    reference.tracking_attached()  # as if tracked elsewhere: no "not attached" warning
+    tracker = instrument(session)
+    assert tracker.sampling and tracker.arming, tracker.arming_problems
+    policy.stop_health_refresh()  # not part of the per-request cost
     policy.sampler.every = one_in
     policy.sampler.now_ns = policy.sampler._last_ns.__int__  # k pinned: a frozen clock
-    host = model.hosts[0]
-    response = ResultMessage(2)
+    statement = SimpleStatement("SELECT v FROM ks.t WHERE k = 1")
     count = 10_000
     rounds = 35
     base, tracked, cost = [], [], []
     for _ in range(rounds):
-        untracked_s = run_once(policy, host, response, count, False, registry.listener)
-        tracked_s = run_once(policy, host, response, count, True, registry.listener)
+        untracked_s = run_once(untracked, statement, count)
+        tracked_s = run_once(session, statement, count)
         base.append(untracked_s)
         tracked.append(tracked_s)
         cost.append(tracked_s - untracked_s)
-    stats = policy.stats.get(host)
-    assert stats.counted_in_flight == 0
-    assert abs(stats.requests_total - rounds * count / one_in) <= 0.05 * rounds * count / one_in
+    stats = [policy.stats.get(host) for host in model.hosts]
+    expected = rounds * count / one_in
+    assert sum(s.counted_in_flight for s in stats) == 0
+    assert abs(sum(s.requests_total for s in stats) - expected) <= 0.05 * expected
     assert tracker.untracked_requests == 0
+    tracker.close()
     quartiles = statistics.quantiles(cost, n=4)
     result = {
         "one_in": one_in,

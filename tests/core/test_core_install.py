@@ -28,10 +28,10 @@ from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
+from adaptive_lb.attempts import Attempts
 from adaptive_lb.config import TracingConfig, load_config
 from adaptive_lb.exporters import register_otel_metrics, start_prometheus_server
 from adaptive_lb.tools.sim.driver_topology import build_topology, murmur3_routing_keys
-from adaptive_lb.tracking import _Attempts
 
 CORE_ONLY = os.environ.get("ADAPTIVE_LB_CORE_ONLY") == "1"
 """Set by .ci/run in the core-only virtualenv: the absence checks may not be skipped."""
@@ -185,7 +185,7 @@ def test_plans_tracking_and_health_over_a_real_topology(model):
         plan = list(policy.make_query_plan("ks", SimpleStatement("q", routing_key=key)))
         assert sorted(h.address for h in plan) == sorted(h.address for h in model.hosts)
         host = plan[0]
-        attempts = _Attempts.of(policy)
+        attempts = Attempts.of(policy)
         attempts.sent(host)
         attempts.answered(host, ResultMessage(2))
         attempts.ended(None)

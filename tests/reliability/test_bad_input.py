@@ -40,12 +40,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
+from adaptive_lb.attempts import Attempts
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import TrackingConfig
 from adaptive_lb.exporters import AdaptiveLbCollector
 from adaptive_lb.stats import HostStats
 from adaptive_lb.tools.sim.driver_topology import ClusterModel, build_cluster, murmur3_routing_keys
-from adaptive_lb.tracking import _Attempts
 from tests.reliability.conftest import statement
 
 LAYOUT = {"dc1": [2, 2, 2], "dc2": [2]}
@@ -309,7 +309,7 @@ def test_plans_before_populate_yield_nothing():
     assert outcome(stock, "ks", None) == []
     assert isinstance(outcome(stock, "ks", statement(KEY)), AttributeError)
     stranger = build_cluster({"dc1": [1]}, seed=5, real_cluster=False).hosts[0]
-    attempts = _Attempts.of(ours)
+    attempts = Attempts.of(ours)
     attempts.sent(stranger)
     attempts.answered(stranger, ResultMessage(2))
     attempts.ended(None)
@@ -407,7 +407,7 @@ def test_user_child_plans_are_followed(model, case):
     assert ours.internal_errors == 0
     for stranger in STRANGERS:
         assert stranger not in ours.stats and ours.topology.view_of(stranger) is None
-        attempts = _Attempts.of(ours)
+        attempts = Attempts.of(ours)
         attempts.sent(stranger)
         attempts.answered(stranger, ResultMessage(2))
     assert ours.untracked_attempts == len(STRANGERS)
@@ -540,7 +540,7 @@ def test_releases_without_sends_are_underflows_never_negative():
 
 
 def test_attempts_with_a_clock_going_backwards_and_jumping_ahead(model):
-    """Guarantee: request tracking (``_Attempts``) with a clock moved backwards between
+    """Guarantee: request tracking (``Attempts``) with a clock moved backwards between
     send and answer (a negative latency) or jumped 10**18 ns ahead records clamped
     latencies, releases every attempt exactly once, and leaves every number >= 0 -- also
     through a health refresh, a snapshot and a scrape."""
@@ -548,7 +548,7 @@ def test_attempts_with_a_clock_going_backwards_and_jumping_ahead(model):
     ours = make_ours(model, clock=clock)
     hosts = model.hosts_by_dc["dc1"]
     for step, host in enumerate(hosts):
-        attempts = _Attempts.of(ours)
+        attempts = Attempts.of(ours)
         attempts.sent(host)
         if step % 3 == 0:
             rewind(clock, 5 * 10**9)
@@ -570,12 +570,12 @@ def test_attempts_with_a_clock_going_backwards_and_jumping_ahead(model):
 
 
 def test_attempts_released_twice_or_never_sent_change_nothing(model):
-    """Guarantee: ``_Attempts.answered`` twice for the same host, ``ended`` twice, and
+    """Guarantee: ``Attempts.answered`` twice for the same host, ``ended`` twice, and
     ``not_sent`` / ``answered`` without ``sent`` release at most once: in_flight never
     negative, no underflow, one outcome per attempt."""
     ours = make_ours(model)
     first, second = model.hosts_by_dc["dc1"][:2]
-    attempts = _Attempts.of(ours)
+    attempts = Attempts.of(ours)
     attempts.not_sent(first)  # never sent
     attempts.answered(second, ResultMessage(2))  # never sent
     attempts.ended(None)  # nothing outstanding
@@ -695,7 +695,7 @@ def test_every_number_stays_valid_after_all_of_it(model):
     for i, host in enumerate(hosts):
         stats = ours.stats.get(host)
         stats.on_success(MS)  # no send: an underflow
-        attempts = _Attempts.of(ours)
+        attempts = Attempts.of(ours)
         attempts.sent(host)
         if i % 2:
             rewind(clock, 10**9)

@@ -13,8 +13,8 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.protocol import ResultMessage
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
+from adaptive_lb.attempts import Attempts
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
-from adaptive_lb.tracking import _Attempts
 from tests.reliability.conftest import scaled, statement
 
 PLANNERS = 8
@@ -77,7 +77,7 @@ def test_planning_through_topology_churn():
                     _, gone = removed_at[rng.choice(list(removed_at))]
                     policy.on_down(gone)
                     policy.on_up(gone)
-                    attempts = _Attempts.of(policy)
+                    attempts = Attempts.of(policy)
                     attempts.sent(gone)
                     attempts.answered(gone, ResultMessage(2))
                 elif action < 0.75:

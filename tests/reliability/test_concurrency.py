@@ -15,9 +15,9 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.protocol import OverloadedErrorMessage, ReadTimeoutErrorMessage, ResultMessage
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config, ConfigError
+from adaptive_lb.attempts import Attempts
 from adaptive_lb.config import HealthConfig, TrackingConfig
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
-from adaptive_lb.tracking import _Attempts
 from tests.reliability.conftest import scaled, statement
 
 THREADS = 16
@@ -28,7 +28,7 @@ def _cycle(policy, key, rng, sends: collections.Counter) -> None:
     plan = list(policy.make_query_plan("ks", statement(key)))
     assert len(plan) == len(set(plan))
     first, second = plan[0], plan[1]
-    attempts = _Attempts.of(policy)
+    attempts = Attempts.of(policy)
     pattern = rng.random()
     attempts.sent(first)
     sends[first] += 1

@@ -19,11 +19,11 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.protocol import OverloadedErrorMessage, ResultMessage
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
+from adaptive_lb.attempts import Attempts
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import PolicyConfig
 from adaptive_lb.replicas import MAX_CACHED_KEY_BYTES
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
-from adaptive_lb.tracking import _Attempts
 from tests.reliability.conftest import scaled, statement
 
 MS = 1_000_000
@@ -34,7 +34,7 @@ CACHE_ENTRY_BUDGET = MAX_CACHED_KEY_BYTES + 256
 def _request(policy, clock, key, rng) -> None:
     plan = policy.make_query_plan("ks", statement(key))
     host = next(iter(plan))
-    attempts = _Attempts.of(policy)
+    attempts = Attempts.of(policy)
     attempts.sent(host)
     clock.advance(rng.randint(1, 5) * MS // 10)
     if rng.random() < 0.05:

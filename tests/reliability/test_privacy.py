@@ -43,6 +43,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry, generate_latest
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
+from adaptive_lb.attempts import Attempts
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import (
     ConfigError,
@@ -61,7 +62,6 @@ from adaptive_lb.exporters import (
 )
 from adaptive_lb.tools.sim.driver_topology import ClusterModel, build_cluster
 from adaptive_lb.tracing import EVENT_NAME, Decision
-from adaptive_lb.tracking import _Attempts
 
 SENTINEL_RK = b"SENTINEL-RK-7f3a"
 SENTINEL_CQL = "SENTINEL-CQL-91c2"
@@ -320,7 +320,7 @@ def run_everything(
                 with tracer.start_as_current_span("request"):
                     plan = list(policy.make_query_plan("ks", stmt))
                 list(policy.make_query_plan(None, stmt))  # untraced
-                attempts = _Attempts.of(policy)
+                attempts = Attempts.of(policy)
                 attempts.sent(plan[0])
                 attempts.sent(plan[1])  # a speculative execution
                 clock.advance((i % 7 + 1) * 1_000_000)

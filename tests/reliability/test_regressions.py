@@ -15,11 +15,11 @@ from cassandra.policies import DCAwareRoundRobinPolicy, LoadBalancingPolicy, Tok
 from cassandra.protocol import ResultMessage
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
+from adaptive_lb.attempts import Attempts
 from adaptive_lb.clock import SYSTEM_CLOCK, ManualClock
 from adaptive_lb.config import HealthConfig, TrackingConfig
 from adaptive_lb.stats import HostStats
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
-from adaptive_lb.tracking import _Attempts
 from tests.reliability.conftest import scaled, statement
 
 # ---------------------------------------------------------------- a reload racing completions
@@ -140,7 +140,7 @@ def test_attempt_on_host_removed_after_planning_is_counted_without_state(churn_p
     model, policy = churn_policy
     host = model.hosts[0]
     policy.on_remove(host)
-    attempts = _Attempts.of(policy)
+    attempts = Attempts.of(policy)
     attempts.sent(host)
     attempts.answered(host, ResultMessage(2))
     attempts.ended(None)

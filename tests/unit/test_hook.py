@@ -12,9 +12,9 @@ from cassandra.protocol import ResultMessage
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
 from adaptive_lb._driver import FUTURE_POLICY_ATTRIBUTE, hook_future
+from adaptive_lb.attempts import Attempts
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.tools.sim.driver_topology import build_cluster
-from adaptive_lb.tracking import _Attempts
 
 SCHEMA_CHANGE = ResultMessage(5)  # RESULT_KIND_SCHEMA_CHANGE: the driver ends it later
 
@@ -59,14 +59,14 @@ def new_future(policy):
     return future
 
 
-class Recorded(_Attempts):
+class Recorded(Attempts):
     """Tracking, plus a record of when the request was heard to end."""
 
     __slots__ = ("ends",)
 
     def ended(self, exception):
         self.ends.append(exception)
-        _Attempts.ended(self, exception)
+        Attempts.ended(self, exception)
 
     def __bool__(self):
         return True  # like a request span's attempts: hears every end
@@ -94,7 +94,7 @@ def build():
 def test_a_speculative_loser_is_abandoned_when_the_winner_ends_the_request():
     (first, second, *_), policy = build()
     future = new_future(policy)
-    hook_future(future, _Attempts.of(policy))
+    hook_future(future, Attempts.of(policy))
     future._query(first)
     future._query(second)  # speculative execution
     future._set_result(second, None, None, ResultMessage(2))
@@ -108,7 +108,7 @@ def test_a_speculative_loser_is_abandoned_when_the_winner_ends_the_request():
 def test_a_request_ended_outside_a_response_releases_its_loser_when_it_answers():
     (first, second, *_), policy = build()
     future = new_future(policy)
-    hook_future(future, _Attempts.of(policy))
+    hook_future(future, Attempts.of(policy))
     assert "_set_final_result" not in vars(type(future))  # one call less per request
     future._query(first)
     future._query(second)
@@ -146,12 +146,12 @@ def test_every_end_hears_the_end_once_when_a_response_ends_it():
 def test_hooking_again_switches_flavour_without_stacking_hooks():
     (first, *_), policy = build()
     future = new_future(policy)
-    hook_future(future, _Attempts.of(policy))
+    hook_future(future, Attempts.of(policy))
     plain = type(future)
-    hook_future(future, _Attempts.of(policy), every_end=True)
+    hook_future(future, Attempts.of(policy), every_end=True)
     every_end = type(future)
     assert every_end is not plain and "_set_final_result" in vars(every_end)
-    hook_future(future, _Attempts.of(policy))
+    hook_future(future, Attempts.of(policy))
     assert type(future) is plain
     # Each attempt is still reported exactly once.
     future._query(first)

@@ -307,7 +307,8 @@ def test_a_failing_span_never_reaches_the_driver_and_is_counted(traced, monkeypa
 
 
 def test_a_failing_observe_leaves_the_request_tracked(monkeypatch):
-    from adaptive_lb.tracking import RequestTracker, _Attempts
+    from adaptive_lb.attempts import Attempts
+    from adaptive_lb.tracking import RequestTracker
     from tests.unit.test_tracking import ListenerRegistry
 
     _model, policy, telemetry, _clock = build(None, root_spans=True)
@@ -326,5 +327,5 @@ def test_a_failing_observe_leaves_the_request_tracked(monkeypatch):
     setattr(future, FUTURE_POLICY_ATTRIBUTE, policy)  # where the driver keeps it
     tracker._on_request(future)
     (attempts,) = hooked
-    assert type(attempts) is _Attempts  # plain tracking
+    assert type(attempts) is Attempts  # plain tracking
     assert policy.internal_errors_by_stage["tracing"] == 1

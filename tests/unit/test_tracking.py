@@ -19,9 +19,10 @@ from cassandra.protocol import (
 )
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
+from adaptive_lb.attempts import Attempts
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.tools.sim.driver_topology import build_cluster
-from adaptive_lb.tracking import RequestTracker, _Attempts
+from adaptive_lb.tracking import RequestTracker
 
 MS = 1_000_000
 
@@ -70,7 +71,7 @@ def test_outcomes_are_classified():
         (ConnectionShutdown("gone"), "error"),
     ]
     for response, _ in cases:
-        attempts = _Attempts.of(policy)
+        attempts = Attempts.of(policy)
         attempts.sent(host)
         assert stats.in_flight == 1
         clock.advance(3 * MS)
@@ -85,7 +86,7 @@ def test_outcomes_are_classified():
 def test_speculative_loser_is_released_once_when_the_request_ends():
     model, policy, _tracker = build()
     first, second = model.hosts[0], model.hosts[1]
-    attempts = _Attempts.of(policy)
+    attempts = Attempts.of(policy)
     attempts.sent(first)
     attempts.sent(second)  # speculative execution
     attempts.answered(second, success())
@@ -100,7 +101,7 @@ def test_speculative_loser_is_released_once_when_the_request_ends():
 def test_client_timeout_counts_a_timeout_on_every_outstanding_attempt():
     clock = ManualClock(0)
     model, policy, _tracker = build(clock)
-    attempts = _Attempts.of(policy)
+    attempts = Attempts.of(policy)
     attempts.sent(model.hosts[0])
     attempts.sent(model.hosts[1])
     clock.advance(2000 * MS)
@@ -113,7 +114,7 @@ def test_client_timeout_counts_a_timeout_on_every_outstanding_attempt():
 
 def test_not_sent_attempt_is_released():
     model, policy, _tracker = build()
-    attempts = _Attempts.of(policy)
+    attempts = Attempts.of(policy)
     attempts.sent(model.hosts[0])
     attempts.not_sent(model.hosts[0])
     stats = policy.stats.get(model.hosts[0])
@@ -126,7 +127,7 @@ def test_shutdown_releases_everything_in_flight():
     model, policy, tracker = build()
     pending = []
     for host in model.hosts:
-        attempts = _Attempts.of(policy)
+        attempts = Attempts.of(policy)
         attempts.sent(host)
         pending.append((attempts, host))
     assert sum(policy.stats.get(h).in_flight for h in model.hosts) == len(model.hosts)
@@ -156,7 +157,7 @@ def test_many_threads_random_attempt_histories_end_at_zero():
         rng = random.Random(seed)
         attempts_made = outcomes = 0
         while attempts_made < 25_000:
-            request = _Attempts.of(policy)
+            request = Attempts.of(policy)
             plan = rng.sample(hosts, 3)
             outstanding = [plan[0]]
             request.sent(plan[0])
