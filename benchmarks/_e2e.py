@@ -112,10 +112,10 @@ VARIANTS = {
     "on it",
     "stock-otel": "stock + the same parent span per request (what the span alone costs)",
     "adaptive-untracked": "diagnostic: adaptive without instrument() (its plan alone)",
-    "adaptive-listener": "diagnostic: adaptive with tracking.samples_per_host 1 (the listener "
-    "on every request, next to none tracked)",
-    "adaptive-pools": "diagnostic: adaptive without a listener, in-flight read from the pools, "
-    "health refreshed: what it costs when no request is tracked",
+    "adaptive-few": "diagnostic: adaptive with tracking.samples_per_host 1 (the sampler's "
+    "pick in every plan, next to no request armed or tracked)",
+    "adaptive-pools": "diagnostic: adaptive without instrument(), in-flight read from the "
+    "pools, health refreshed: what it costs when no request is tracked nor sampled",
     "adaptive-every": "diagnostic: adaptive with tracking.samples_per_host 0 (every request "
     "tracked, as before sampling)",
     "stock-hooked": "diagnostic: stock, each future hooked as tracking does, attempts ignored "
@@ -169,7 +169,7 @@ class Variant:
         shuffle = {"shuffle_replicas": True} if name == "stock-shuffled" else {}
         child = TokenAwarePolicy(DCAwareRoundRobinPolicy(DC), **shuffle)
         config = None
-        if name in ("adaptive-every", "adaptive-listener"):
+        if name in ("adaptive-every", "adaptive-few"):
             from adaptive_lb.config import Config, TrackingConfig
 
             per_host = 0 if name == "adaptive-every" else 1

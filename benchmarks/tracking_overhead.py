@@ -36,6 +36,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, instrument
+from adaptive_lb._driver import pool_in_flight_reader
 from adaptive_lb.tools.cli_format import HelpFormatter
 from adaptive_lb.tools.offline_session import OfflineSession
 from adaptive_lb.tools.sim.driver_topology import build_cluster
@@ -72,10 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     model = build_cluster({"dc1": [2, 2, 2]}, real_cluster=False)
     policy, reference = _policy(model), _policy(model)
     session, untracked = OfflineSession(policy), OfflineSession(reference)
-    reference.tracking_attached()  # as if tracked elsewhere: no "not attached" warning
+    # The reference reads in-flight from its session's pools too (the plan's cost, not
+    # tracking's), and is told tracking reaches it (no "not attached" warning per plan).
+    reference.stats.add_in_flight_source(pool_in_flight_reader(untracked))
+    reference.tracking_attached()
     tracker = instrument(session)
     assert tracker.sampling and tracker.arming, tracker.arming_problems
     policy.stop_health_refresh()  # not part of the per-request cost
+    if one_in == 1:
+        policy.sampler.configure(0)  # every request, never re-measured
     policy.sampler.every = one_in
     policy.sampler.now_ns = policy.sampler._last_ns.__int__  # k pinned: a frozen clock
     statement = SimpleStatement("SELECT v FROM ks.t WHERE k = 1")
