@@ -116,7 +116,9 @@ class RequestTracker:
         self.sampling = self._in_flight_source is not None
         if self.sampling:
             self.arming_problems = arming_problems(session)
-            if not self.arming_problems:
+            if self.arming_problems:
+                _warn_unknown_driver(self.arming_problems, "armed requests")
+            else:
                 self._arming = RequestArming(session, self._on_armed)
                 watch_new_profiles(session, self._adopt_new_profiles)
         for policy in self.policies:
@@ -251,11 +253,22 @@ _warned_drivers: set[tuple[str, str]] = set()
 
 def _warn_unknown_driver(problems: list[str], what: str = "") -> None:
     """One WARNING per driver release and process: tracking is off (or, for ``what``
-    "in-flight counts", every request is tracked instead of a sample), and why."""
+    "in-flight counts", every request is tracked instead of a sample; for "armed
+    requests", the listener sees every request), and why."""
     release = driver_release()
     if (release, what) in _warned_drivers:
         return
     _warned_drivers.add((release, what))
+    if what == "armed requests":
+        log.warning(
+            "adaptive-lb: %s does not create requests as this release expects (%s): the "
+            "sample of requests to track is taken by a request-init listener on every "
+            "request instead (a few microseconds more per request). docs/deployment.md "
+            "lists the tested releases.",
+            release,
+            "; ".join(problems),
+        )
+        return
     if what:
         log.warning(
             "adaptive-lb: %s does not keep its connection pools as this release expects "

@@ -154,7 +154,7 @@ def test_an_error_in_tracking_an_armed_request_never_reaches_the_driver(monkeypa
     tracker.close()
 
 
-def test_a_driver_that_calls_no_on_request_is_not_armed():
+def test_a_driver_that_calls_no_on_request_is_not_armed(caplog):
     class Direct(OfflineSession):
         def execute_async(self, query: Any, *args: Any, **kwargs: Any) -> Any:
             future = self._create_response_future(query)
@@ -170,9 +170,14 @@ def test_a_driver_that_calls_no_on_request_is_not_armed():
     assert "execute_async does ['create', 'send']" in problem
     (problem,) = arming_problems(Guarded(policy))
     assert "cannot override _on_request" in problem
-    tracker = instrument(Direct(policy))
+    with caplog.at_level("WARNING", logger="adaptive_lb.tracking"):
+        tracker = instrument(Direct(policy))
     assert not tracker.arming and tracker.arming_problems  # the listener instead
-    pin(policy, 1)
+    (warning,) = [r for r in caplog.records if "does not create requests" in r.getMessage()]
+    assert "execute_async does" in warning.getMessage()
+    assert policy.arm is None
+    listeners = tracker._session._request_init_callbacks
+    assert [fn for fn, _, _ in listeners] == [tracker._on_request]
     tracker.close()
 
 
