@@ -46,6 +46,10 @@ __all__ = ["RequestArming", "arming_problems", "set_arm", "watch_new_profiles"]
 _ATTRIBUTE = "_on_request"
 """The ``Session`` method ``execute_async`` calls between creating a future and sending it."""
 
+_MAX_ARMED = 1024
+"""Notes kept at most: a plan with no request after it on a thread that then ends leaves
+its note behind; past this many, they are dropped (a few samples lost, no memory held)."""
+
 _armed: dict[int, tuple[Any, Any]] = {}
 """Thread ident -> ``(policy, statement)`` of the request just planned on that thread and
 armed, until that request's ``_on_request`` (shared by every session: a plan does not know
@@ -68,6 +72,8 @@ class RequestArming:
     def arm(self, policy: Any, statement: Any) -> None:
         """The plan being made on this thread by ``policy`` for ``statement`` is for a
         request tracking wants: hand that request to ``handle`` when it is created."""
+        if len(_armed) >= _MAX_ARMED:  # notes no request took (threads long gone)
+            _armed.clear()
         _armed[get_ident()] = (policy, statement)
         self._session._on_request = self._stand_in
 

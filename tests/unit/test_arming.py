@@ -195,3 +195,27 @@ def test_the_sampler_counts_each_plan_once(every):
 def test_the_session_class_is_the_drivers():
     assert OfflineSession.execute_async is Session.execute_async
     assert OfflineSession._on_request is Session._on_request
+
+
+def test_notes_left_by_plans_without_requests_are_bounded(monkeypatch):
+    from adaptive_lb import _driver_arming
+
+    policy, session = offline()
+    tracker = instrument(session)
+    pin(policy, 1)
+    monkeypatch.setattr(_driver_arming, "_MAX_ARMED", 8)
+    planned = threading.Barrier(21)
+
+    def plan_only() -> None:  # e.g. a thread that prepares a statement, then ends
+        list(policy.make_query_plan(None, SimpleStatement("SELECT 1")))
+        planned.wait()  # all alive at once: 20 distinct threads
+
+    threads = [threading.Thread(target=plan_only) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    planned.wait()
+    for thread in threads:
+        thread.join()
+    assert 1 <= len(_driver_arming._armed) <= 8
+    assert is_tracked(session.execute_async(STATEMENT))  # arming still works
+    tracker.close()
