@@ -42,6 +42,12 @@ from adaptive_lb.tools.offline_session import OfflineSession
 from adaptive_lb.tools.sim.driver_topology import build_cluster
 
 
+COUNT = 10_000
+"""Requests per timed run."""
+ROUNDS = 35
+"""Paired rounds."""
+
+
 def run_once(session, statement, count: int) -> float:
     execute_async = session.execute_async
     gc.collect()
@@ -85,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     policy.sampler.every = one_in
     policy.sampler.now_ns = policy.sampler._last_ns.__int__  # k pinned: a frozen clock
     statement = SimpleStatement("SELECT v FROM ks.t WHERE k = 1")
-    count = 10_000
-    rounds = 35
+    count, rounds = COUNT, ROUNDS
     base, tracked, cost = [], [], []
     for _ in range(rounds):
         untracked_s = run_once(untracked, statement, count)

@@ -171,3 +171,15 @@ def test_e2e_instructions_reads_a_real_callgrind_profile(tmp_path, monkeypatch):
     assert total > 1_000_000
     assert any("_PyEval_EvalFrameDefault" in name for name in costs)
     assert 0.9 * total <= sum(costs.values()) <= total
+
+
+def test_tracking_overhead_runs_through_the_drivers_execute_async(capsys, monkeypatch):
+    """benchmarks/tracking_overhead.py times armed requests through the driver's own
+    Session.execute_async and checks what it tracked (its assertions run here)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    module = _benchmark("tracking_overhead")
+    monkeypatch.setattr(module, "COUNT", 6000)  # 4,000 expected: 5 % is 4 sd
+    monkeypatch.setattr(module, "ROUNDS", 2)
+    assert module.main(["--one-in", "3"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["one_in"] == 3 and result["tracked_us"] > 0
