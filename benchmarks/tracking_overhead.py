@@ -41,7 +41,6 @@ from adaptive_lb.tools.cli_format import HelpFormatter
 from adaptive_lb.tools.offline_session import OfflineSession
 from adaptive_lb.tools.sim.driver_topology import build_cluster
 
-
 COUNT = 10_000
 """Requests per timed run."""
 ROUNDS = 35
