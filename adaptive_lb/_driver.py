@@ -4,9 +4,8 @@ counts, and the checks of both a session is attached with.
 The drivers have no public hook on each attempt of a request (first try, retry,
 speculative execution) nor on the number of requests in flight on a host, so they are read
 here and nowhere else. Every other private driver access is in
-:mod:`adaptive_lb._driver_arming` (the session's ``_on_request``, for armed requests) and
 :mod:`adaptive_lb._driver_policies` (the child policy, the token map, tablets): no
-module of adaptive-lb outside these three reads a driver private.
+module of adaptive-lb outside these two reads a driver private.
 ``tests/unit/test_driver_contract.py`` fails loudly if a driver release renames or removes
 any of them, on both drivers; :func:`tracking_problems` and :func:`pool_problems` check the
 same at attach, on the driver a user has.

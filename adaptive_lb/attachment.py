@@ -121,8 +121,6 @@ class Attachment:
         if self.telemetry is not None:
             self.telemetry.configure(config)
             self._route_decisions()
-            if self.tracker is not None:  # telemetry on every request takes the listener
-                self.tracker.reconsider()
         self.config = config
 
     def _route_decisions(self, attached: bool = True) -> None:

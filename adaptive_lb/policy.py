@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from random import random
 from time import time_ns
 from typing import Any
@@ -144,11 +144,6 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy, PolicyControls):
             self.now_ns,
         )
         """Which of this policy's requests request tracking tracks (:mod:`adaptive_lb.sampling`)."""
-        self.arm: Callable[[AdaptiveLoadBalancingPolicy, Any], None] | None = None
-        """Set by request tracking (:mod:`adaptive_lb.tracking`) while it samples this
-        policy's requests without a listener: called by the plan with the statement of a
-        request it picks (the sampler's pick, or a request span to make), before the
-        driver creates that request (:mod:`adaptive_lb._driver_arming`)."""
         self._untracked_attempts = new_counter()
         self._tracking = TrackingWatch(self._clock, log)
         self._reload_lock = threading.Lock()
@@ -234,27 +229,15 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy, PolicyControls):
         if self._tracking.sources == 0:
             self._tracking.note_plan()
         decisions = self.decisions
-        arm = self.arm
         if decisions.tracer is not None:
             span = current_recording_span()
             if span is not None or decisions.without_parent:
                 # The request's span starts here: the plan is the driver's first step.
                 started_ns = time_ns()
-                if arm is not None and decisions.to_requests:
-                    arm(self, query)  # its request span records every attempt
-                    arm = None
                 if decisions.ratio >= 1.0 or random() < decisions.ratio:
-                    plan = self._traced_plan(span, working_keyspace, query, started_ns)
-                else:
-                    decisions.deliver(span, query, None, [], started_ns)
-                    plan = self._planner.make_plan(working_keyspace, query)
-                if arm is not None and self.sampler.take():
-                    arm(self, query)
-                return plan
-        plan = self._planner.make_plan(working_keyspace, query)
-        if arm is not None and self.sampler.take():
-            arm(self, query)
-        return plan
+                    return self._traced_plan(span, working_keyspace, query, started_ns)
+                decisions.deliver(span, query, None, [], started_ns)
+        return self._planner.make_plan(working_keyspace, query)
 
     def _traced_plan(
         self, span: Any | None, working_keyspace: str | None, query: Any, started_ns: int

@@ -297,9 +297,6 @@ class DecisionRecorder:
         self.without_parent = False
         """Decide even with no span current: the request span will be a root span."""
         self._handoff: threading.local | None = None
-        self.to_requests = False
-        """Decisions go to request spans (:meth:`send_to_requests`): a request made while
-        a span records gets a request span, which needs every attempt tracked."""
         self.configure(config)
 
     def configure(self, config: Config) -> None:
@@ -322,7 +319,6 @@ class DecisionRecorder:
         :func:`adaptive_lb.attach` turns it on with request spans."""
         self._handoff = threading.local() if enabled else None
         self.without_parent = enabled and without_parent
-        self.to_requests = enabled
 
     def deliver(
         self,

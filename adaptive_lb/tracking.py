@@ -1,29 +1,22 @@
-"""Request tracking: which requests of a session are tracked, and how they reach it; the
-plans' in-flight counts taken from the driver.
+"""Request tracking: a sample of requests hooked, their attempts counted, timed and released
+exactly once (:mod:`adaptive_lb.attempts`); the plans' in-flight counts taken from the
+driver.
 
-``adaptive_lb.instrument(session)`` gives each
-:class:`~adaptive_lb.policy.AdaptiveLoadBalancingPolicy` of the session the session's pools
-to read each host's in-flight count from (the driver's own count: every request, tracked or
-not), and *tracks* a sample of the requests: every request while the policy's traffic is
-thin, one in k above ``tracking.samples_per_host`` per local host per second
-(:mod:`adaptive_lb.sampling`), and every request made while a span records (its request
-span needs every attempt). A tracked request's future is hooked
-(:func:`adaptive_lb._driver.hook_future`) and its attempts counted, timed and released
-exactly once (:mod:`adaptive_lb.attempts`).
-
-How the requests reach tracking:
-
-* **armed** (the default): the policy's plan, which the driver makes first for each
-  request, asks the sampler and arms the requests it picks; only those reach tracking, and
-  the others run the driver's code alone (:mod:`adaptive_lb._driver_arming`);
-* **the request-init listener** (public driver API) sees every request instead where the
-  driver's pools cannot be read (every request is tracked: in-flight is counted here),
-  where telemetry records every request (OpenTelemetry duration metrics, root request
-  spans), or where this driver release does not create requests as arming expects.
+``adaptive_lb.instrument(session)`` registers a request-init listener (public driver API)
+that sees each ``ResponseFuture`` created by the session whose plan came from an
+:class:`~adaptive_lb.policy.AdaptiveLoadBalancingPolicy`, and gives that policy the
+session's pools to read each host's in-flight count from (the driver's own count: every
+request, tracked or not). It *tracks* every request while the policy's traffic is thin and
+one in k above ``tracking.samples_per_host`` per local host per second
+(:mod:`adaptive_lb.sampling`), and every request whose context records a span. Each
+*attempt* of a tracked request -- the first try, a retry on the same or another host, a
+speculative execution running beside the others -- is counted on its host just before it
+is written to the connection and released once, by its response or by the end of its
+request (:class:`~adaptive_lb.attempts.Attempts`). Where the driver's pools are not what
+this release reads, every request is tracked and in-flight is counted here instead.
 
 May import: the policy it serves (its row), the attempts, the prober, decision tracing, the
-driver and its internals (:mod:`adaptive_lb._driver`, :mod:`adaptive_lb._driver_arming`);
-never a tool.
+driver's internals (:mod:`adaptive_lb._driver`); never a tool.
 """
 
 from __future__ import annotations
@@ -32,6 +25,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
+from random import random
 from typing import Any
 
 from adaptive_lb._driver import (
@@ -42,21 +36,29 @@ from adaptive_lb._driver import (
     pool_problems,
     tracking_problems,
 )
-from adaptive_lb._driver_arming import (
-    RequestArming,
-    arming_problems,
-    set_arm,
-    watch_new_profiles,
+from adaptive_lb.attempts import (
+    CLIENT_ERROR,
+    CONNECTION_ERROR,
+    ERROR,
+    SERVER_TIMEOUT,
+    SUCCESS,
+    Attempts,
+    outcome_of,
 )
-from adaptive_lb.attempts import Attempts
 from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
 from adaptive_lb.prober import Prober
 from adaptive_lb.tracing import current_recording_span
 
 __all__ = [
+    "CLIENT_ERROR",
+    "CONNECTION_ERROR",
+    "ERROR",
+    "SERVER_TIMEOUT",
+    "SUCCESS",
     "RequestTracker",
     "close_on_shutdown",
     "instrument",
+    "outcome_of",
     "session_policies",
 ]
 
@@ -78,9 +80,13 @@ class RequestTracker:
         self._closed = False
         self._close_lock = threading.Lock()
         self.untracked_requests = 0
-        """Requests whose plan did not come from an AdaptiveLoadBalancingPolicy (counted
-        while the listener is on: see :attr:`arming`)."""
-        self._telemetry: Any | None = None
+        """Requests whose plan did not come from an AdaptiveLoadBalancingPolicy."""
+        self.telemetry: Any | None = None
+        """Request spans and the operation-duration histogram
+        (:class:`adaptive_lb.request_spans.RequestTelemetry`), set by
+        :func:`adaptive_lb.attach` when tracing or OpenTelemetry metrics are on; its
+        ``observe(future, policy)`` returns the attempts object of a request it records,
+        or None."""
         self.policies = session_policies(session)
         """The session's adaptive policies (execution profiles and legacy)."""
         self.prober = Prober(session, self.policies)
@@ -95,11 +101,6 @@ class RequestTracker:
         self.sampling = False
         """Only a sample of requests is tracked (:mod:`adaptive_lb.sampling`) once traffic
         is thick: the plans read in-flight counts from the driver's pools."""
-        self.arming_problems: list[str] = []
-        """What this driver lacks for arming requests (:mod:`adaptive_lb._driver_arming`);
-        not empty: the sample is taken by the request-init listener instead."""
-        self._arming: RequestArming | None = None
-        self._listening = False
         self._load_query = self.prober.load_statement
         self.problems = tracking_problems()
         """What this driver lacks that tracking hooks; not empty: no request is tracked
@@ -114,80 +115,21 @@ class RequestTracker:
         else:
             self._in_flight_source = pool_in_flight_reader(session)
         self.sampling = self._in_flight_source is not None
-        if self.sampling:
-            self.arming_problems = arming_problems(session)
-            if self.arming_problems:
-                _warn_unknown_driver(self.arming_problems, "armed requests")
-            else:
-                self._arming = RequestArming(session, self._on_armed)
-                watch_new_profiles(session, self._adopt_new_profiles)
+        session.add_request_init_listener(self._on_request)
         for policy in self.policies:
             self._adopt(policy)
             policy.tracking_attached()
             policy.start_health_refresh()
-        self.reconsider()
         self.prober.start()
 
-    @property
-    def telemetry(self) -> Any | None:
-        """Request spans and the operation-duration histogram
-        (:class:`adaptive_lb.request_spans.RequestTelemetry`), set by
-        :func:`adaptive_lb.attach` when tracing or OpenTelemetry metrics are on; its
-        ``observe(future, policy)`` returns the attempts object of a request it records,
-        or None."""
-        return self._telemetry
-
-    @telemetry.setter
-    def telemetry(self, telemetry: Any | None) -> None:
-        self._telemetry = telemetry
-        self.reconsider()
-
-    @property
-    def arming(self) -> bool:
-        """The plans pick the requests to track and arm them (no per-request listener);
-        False: the request-init listener sees every request (every request tracked, the
-        driver's pools unreadable, telemetry on every request, or arming unsupported)."""
-        return not self._listening and not self._closed
-
-    def reconsider(self) -> None:
-        """Choose how requests reach tracking, after attach and after each reload: armed by
-        the plans when only a sample and the requests with a span are tracked, else the
-        listener on every request."""
-        telemetry = self._telemetry
-        listen = self._arming is None or (telemetry is not None and telemetry.every_request)
-        with self._close_lock:
-            if self._closed:
-                return
-            if listen and not self._listening:
-                self._session.add_request_init_listener(self._on_request)
-            elif not listen and self._listening:
-                self._session.remove_request_init_listener(self._on_request)
-            self._listening = listen
-            for policy in self._sourced:
-                set_arm(policy, self._arming, not listen)
-
     def _on_request(self, future: Any) -> None:
-        # The listener: every request of the session.
         if future.query is self._probe_query or future.query is self._load_query:
             return  # adaptive-lb's own probe or load read: counted apart, on the host
         policy = getattr(future, FUTURE_POLICY_ATTRIBUTE, None)
         if self._closed or not isinstance(policy, AdaptiveLoadBalancingPolicy):
             self.untracked_requests += 1
             return
-        if policy not in self._sourced:
-            self._adopt(policy)
-        self._track(future, policy, self.sampling)
-
-    def _on_armed(self, future: Any, policy: Any) -> None:
-        # An armed request: its plan picked it, or a span records it.
-        if not self._closed:
-            try:
-                self._track(future, policy, False)
-            except Exception:
-                policy.record_error("tracking", "this request is not tracked")
-
-    def _track(self, future: Any, policy: AdaptiveLoadBalancingPolicy, sample: bool) -> None:
-        telemetry = self._telemetry
+        telemetry = self.telemetry
         attempts = None
         # Inline, the one check per request when nothing records: no call unless a span
         # is current (or telemetry records every request).
@@ -199,8 +141,16 @@ class RequestTracker:
             except Exception:
                 policy.record_error("tracing", "this request is tracked without its span")
         if attempts is None:
-            if sample and not policy.sampler.take():
-                return
+            if self.sampling:
+                if policy not in self._sourced:
+                    self._adopt(policy)
+                # Sampler.take, inlined: tracked with probability 1 / every.
+                sampler = policy.sampler
+                n = next(sampler.count)
+                every = sampler.every
+                if every > 1 and random() * every >= 1.0:
+                    return
+                sampler.picked(n)
             attempts = Attempts()
             attempts.policy = policy
             hook_future(future, attempts)
@@ -208,9 +158,8 @@ class RequestTracker:
             hook_future(future, attempts, every_end=True)
 
     def _adopt(self, policy: AdaptiveLoadBalancingPolicy) -> None:
-        """Read ``policy``'s in-flight counts from this session's pools, and let its plans
-        arm the requests to track (a policy of an execution profile added after attach is
-        adopted when it is added, or at its first request the listener sees)."""
+        """Read ``policy``'s in-flight counts from this session's pools (a policy of an
+        execution profile added after attach is adopted at its first request)."""
         source = self._in_flight_source
         if source is not None:
             with self._close_lock:
@@ -218,12 +167,6 @@ class RequestTracker:
                     return
                 policy.stats.add_in_flight_source(source)
                 self._sourced = self._sourced | {policy}
-                set_arm(policy, self._arming, not self._listening)
-
-    def _adopt_new_profiles(self) -> None:
-        for policy in session_policies(self._session):
-            if policy not in self._sourced:
-                self._adopt(policy)
 
     def close(self) -> None:
         """Stop tracking new requests (requests already hooked are still released when
@@ -234,15 +177,11 @@ class RequestTracker:
                 return
             self._closed = True
         self.prober.close()
-        if self._listening:
-            with contextlib.suppress(ValueError):
-                self._session.remove_request_init_listener(self._on_request)
+        with contextlib.suppress(ValueError):
+            self._session.remove_request_init_listener(self._on_request)
         if self._in_flight_source is not None:
             for policy in self._sourced:
                 policy.stats.remove_in_flight_source(self._in_flight_source)
-                set_arm(policy, self._arming, False)
-        if self._arming is not None:
-            self._arming.close()
         for policy in self.policies:
             policy.tracking_attached(False)
             policy.stop_health_refresh()
@@ -253,22 +192,11 @@ _warned_drivers: set[tuple[str, str]] = set()
 
 def _warn_unknown_driver(problems: list[str], what: str = "") -> None:
     """One WARNING per driver release and process: tracking is off (or, for ``what``
-    "in-flight counts", every request is tracked instead of a sample; for "armed
-    requests", the listener sees every request), and why."""
+    "in-flight counts", every request is tracked instead of a sample), and why."""
     release = driver_release()
     if (release, what) in _warned_drivers:
         return
     _warned_drivers.add((release, what))
-    if what == "armed requests":
-        log.warning(
-            "adaptive-lb: %s does not create requests as this release expects (%s): the "
-            "sample of requests to track is taken by a request-init listener on every "
-            "request instead (a few microseconds more per request). docs/deployment.md "
-            "lists the tested releases.",
-            release,
-            "; ".join(problems),
-        )
-        return
     if what:
         log.warning(
             "adaptive-lb: %s does not keep its connection pools as this release expects "

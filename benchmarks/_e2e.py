@@ -112,8 +112,8 @@ VARIANTS = {
     "on it",
     "stock-otel": "stock + the same parent span per request (what the span alone costs)",
     "adaptive-untracked": "diagnostic: adaptive without instrument() (its plan alone)",
-    "adaptive-few": "diagnostic: adaptive with tracking.samples_per_host 1 (the sampler's "
-    "pick in every plan, next to no request armed or tracked)",
+    "adaptive-few": "diagnostic: adaptive with tracking.samples_per_host 1 (the listener and "
+    "the sampler's pick on every request, next to none tracked)",
     "adaptive-pools": "diagnostic: adaptive without instrument(), in-flight read from the "
     "pools, health refreshed: what it costs when no request is tracked nor sampled",
     "adaptive-one-in-11": "diagnostic: adaptive with the sampler pinned at one request in 11 "

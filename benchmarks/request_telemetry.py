@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import logging
 import statistics
 import sys
 import threading
@@ -119,8 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     policy = AdaptiveLoadBalancingPolicy(TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
     policy.populate(model.cluster, model.metadata.all_hosts())
     registry = _Listeners()
-    # The stand-in cannot be armed: telemetry on every request takes the listener anyway.
-    logging.getLogger("adaptive_lb.tracking").setLevel(logging.ERROR)
     tracker = RequestTracker(registry)
     listener = registry.listener
     host = model.hosts[0]

@@ -7,15 +7,15 @@ The driver's own ``Session.execute_async`` runs for each request, on a ``Session
 whose network-facing steps are no-ops (there is no server here;
 :mod:`adaptive_lb.tools.offline_session`): it creates a real ``ResponseFuture`` subclass
 whose plan comes from the policy (as ``ResponseFuture.__init__`` makes it), calls the
-session's ``_on_request`` (the driver's, or the stand-in of an armed request:
-:mod:`adaptive_lb._driver_arming`), then "sends" it: ``future._query(host)``, the response
+session's ``_on_request`` (the driver's: the request-init listeners, adaptive-lb's among
+them), then "sends" it: ``future._query(host)``, the response
 delivered to ``future._set_result(...)`` with a real ``ResultMessage``, then
 ``_set_final_result``. Two sessions, each with its own identical policy, one attached with
 ``adaptive_lb.instrument`` and one not, are timed in the same run, so the difference is what
-tracking adds: the sampler's pick in the plan on every request and, on one request in
+tracking adds: the listener and its sampler's pick on every request and, on one request in
 ``--one-in`` (adaptive_lb.sampling: the k a policy measures, pinned here; 11 is what a
 client sending 3,500 requests a second to 3 nodes gets with the default
-``tracking.samples_per_host``), arming, the hook, count in, record latency (HdrHistogram),
+``tracking.samples_per_host``), the hook, count in, record latency (HdrHistogram),
 count out. 35 rounds of 10,000 requests, each round timed without then with tracking; the
 cost is the median of the 35 paired differences (a round slowed by a noisy neighbour on a
 shared machine moves both halves of its pair), with its interquartile range. The cyclic GC
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     reference.stats.add_in_flight_source(pool_in_flight_reader(untracked))
     reference.tracking_attached()
     tracker = instrument(session)
-    assert tracker.sampling and tracker.arming, tracker.arming_problems
+    assert tracker.sampling and not tracker.problems
     policy.stop_health_refresh()  # not part of the per-request cost
     if one_in == 1:
         policy.sampler.configure(0)  # every request, never re-measured

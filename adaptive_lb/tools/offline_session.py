@@ -1,10 +1,10 @@
 """A driver ``Session`` that never leaves the process: the driver's own ``execute_async`` and
-``_on_request`` (request-init listeners, armed requests) and a real ``ResponseFuture``
+``_on_request`` (the request-init listeners) and a real ``ResponseFuture``
 subclass whose plan comes from the policy, with no cluster, pool or server.
 
-For what needs the driver's per-request path without a server: the unit tests of request
-arming and tracking, and ``benchmarks/tracking_overhead.py`` (what tracking adds to a
-request, the network left out). Each request is "sent" to the first host of its plan and
+For what needs the driver's per-request path without a server:
+``benchmarks/tracking_overhead.py`` (what tracking adds to a request, the network left out)
+and its unit test. Each request is "sent" to the first host of its plan and
 answered at once with a real ``ResultMessage``, as one attempt.
 
 Imports the driver only; imported by tests and benchmarks, never by the library.

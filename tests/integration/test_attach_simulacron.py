@@ -315,13 +315,11 @@ def test_in_flight_is_the_drivers_count_of_the_pool(driver_factory, nodes):
     ``_driver.pool_in_flight_reader`` on a live session, both drivers). Requests that timed
     out on the client stay in flight there -- their streams are orphaned until the server
     answers, and they load it meanwhile -- while tracking has released its own count.
-    Probes are off: one sent to a suspected host would be in flight on the same pool. The
-    requests go through the plans (a request sent with ``host=`` has no plan, so tracking
-    never sees it: armed requests are picked by the plan)."""
+    Probes are off: one sent to a suspected host would be in flight on the same pool."""
     policy = adaptive_policy(parse_config("health: {probe_interval: 0}\n"))
     _, session = driver_factory(policy, contact_points=[nodes[0]])
     tracker = adaptive_lb.instrument(session)
-    assert tracker.sampling and not tracker.pool_problems and tracker.arming
+    assert tracker.sampling and not tracker.pool_problems
     wait_for_pools(session, "dc1")
     stats = [policy.stats.peek(v.host) for v in policy.topology.local]
     assert all(s is not None and s.in_flight == 0 for s in stats)

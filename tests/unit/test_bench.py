@@ -174,7 +174,7 @@ def test_e2e_instructions_reads_a_real_callgrind_profile(tmp_path, monkeypatch):
 
 
 def test_tracking_overhead_runs_through_the_drivers_execute_async(capsys, monkeypatch):
-    """benchmarks/tracking_overhead.py times armed requests through the driver's own
+    """benchmarks/tracking_overhead.py times requests through the driver's own
     Session.execute_async and checks what it tracked (its assertions run here)."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     module = _benchmark("tracking_overhead")

@@ -151,16 +151,3 @@ def test_per_request_host_targeting_the_probes_use():
     init = inspect.signature(ResponseFuture.__init__).parameters
     assert {"query", "host"} <= set(init)
     assert hasattr(ResponseFuture, "query")  # documented: the statement being executed
-
-
-def test_the_session_creates_plans_and_calls_on_request_as_arming_expects():
-    """``Session.execute_async`` creates the future (whose ``__init__`` makes the plan),
-    then calls ``self._on_request(future)`` -- an instance attribute standing in for it --
-    then sends: what armed requests rely on (adaptive_lb._driver_arming)."""
-    from cassandra.cluster import Session
-
-    from adaptive_lb._driver_arming import _execute_async_problems, _plan_problems
-
-    assert _execute_async_problems(Session) == []
-    assert _plan_problems() == []
-    assert "_on_request" in vars(Session) and not hasattr(Session, "__slots__")

@@ -49,12 +49,11 @@ def test_every_quote_agrees_with_its_record():
 def test_a_changed_quote_fails_and_sync_restores_it(tmp_path):
     root = _scratch(tmp_path)
     readme = root / "README.md"
-    marker = "<!--fig e2e_overhead/cassandra-driver adaptive.throughput-->"
+    marker = "<!--fig e2e_overhead/cassandra-driver/listener adaptive.throughput-->"
     text = readme.read_text(encoding="utf-8")
     data = json.loads((root / "docs" / "figures.json").read_text(encoding="utf-8"))
-    quoted = (
-        f"{data['records']['e2e_overhead/cassandra-driver']['figures']['adaptive.throughput']:.3f}"
-    )
+    record = data["records"]["e2e_overhead/cassandra-driver/listener"]
+    quoted = f"{record['figures']['adaptive.throughput']:.3f}"
     wrong = "0.123"
     assert f"{quoted}{marker}" in text
     readme.write_text(text.replace(f"{quoted}{marker}", f"{wrong}{marker}"), encoding="utf-8")
@@ -72,7 +71,7 @@ def test_a_new_record_moves_every_quote_of_it(tmp_path):
     root = _scratch(tmp_path)
     path = root / "docs" / "figures.json"
     data = json.loads(path.read_text(encoding="utf-8"))
-    fig = data["records"]["e2e_overhead/cassandra-driver"]["figures"]
+    fig = data["records"]["e2e_overhead/cassandra-driver/listener"]["figures"]
     fig["adaptive.throughput"], fig["stock.cpu_us"] = 0.9412, 187.66
     path.write_text(json.dumps(data), encoding="utf-8")
     problems = figures.check(root)
@@ -81,8 +80,8 @@ def test_a_new_record_moves_every_quote_of_it(tmp_path):
     figures.sync(root)
     assert figures.check(root) == []
     readme = (root / "README.md").read_text(encoding="utf-8")
-    assert "0.941<!--fig e2e_overhead/cassandra-driver adaptive.throughput-->" in readme
-    assert "188<!--fig e2e_overhead/cassandra-driver stock.cpu_us-->" in readme
+    assert "0.941<!--fig e2e_overhead/cassandra-driver/listener adaptive.throughput-->" in readme
+    assert "188<!--fig e2e_overhead/cassandra-driver/listener stock.cpu_us-->" in readme
 
 
 def test_record_run_writes_the_record_and_syncs_the_docs(tmp_path, monkeypatch):
@@ -93,19 +92,20 @@ def test_record_run_writes_the_record_and_syncs_the_docs(tmp_path, monkeypatch):
     monkeypatch.setattr(figures, "driver", lambda: "cassandra-driver 9.9.9")
     figures.record_run(
         "tracking_overhead",
-        "every",
+        "listener-every",
         {"one_in": 1, "tracking_cost_us": 4.4, "tracking_cost_iqr_us": [4.1, 4.9]},
-        ["--one-in", "1", "--record", "every"],
+        ["--one-in", "1", "--record", "listener-every"],
     )
     data = json.loads((root / "docs" / "figures.json").read_text(encoding="utf-8"))
-    entry = data["records"]["tracking_overhead/cassandra-driver/every"]
+    entry = data["records"]["tracking_overhead/cassandra-driver/listener-every"]
     assert entry["command"] == "python benchmarks/tracking_overhead.py --one-in 1"
     assert entry["driver"] == "cassandra-driver 9.9.9"
     assert entry["figures"]["tracking_cost_iqr_us.1"] == 4.9
     assert {"date", "python", "machine", "commit"} <= set(entry)
-    assert "e2e_overhead/scylla-driver" in data["records"]  # the others are kept
+    assert "e2e_overhead/scylla-driver/listener" in data["records"]  # the others are kept
     readme = (root / "README.md").read_text(encoding="utf-8")
-    assert "4<!--fig tracking_overhead/cassandra-driver/every tracking_cost_us-->" in readme
+    marker = "<!--fig tracking_overhead/cassandra-driver/listener-every tracking_cost_us-->"
+    assert f"4{marker}" in readme
     assert figures.check(root) == []
 
 
