@@ -189,10 +189,12 @@ class LatencyRecord:
         peer_samples: int,
         spread: float,
         config: LatencyFactorConfig,
+        held: bool = False,
     ) -> float:
         """Fold the host's window at ``now_ns`` (its median ``median_s`` over ``samples``
         answers, against its peers' ``peer_s`` from about ``peer_samples`` answers a host)
-        into the envelope; the new factor."""
+        into the envelope; the new factor. ``held``: its probes say it is still clearly
+        slow (:mod:`adaptive_lb.probe_latency`): the envelope does not decay meanwhile."""
         bounds: tuple[float, float] | None = None
         if median_s and peer_s and median_s > 0 and peer_s > 0 and samples > 0 < peer_samples:
             gap, low, high = gap_bounds(
@@ -203,7 +205,7 @@ class LatencyRecord:
         else:
             self.ratio = self.low = self.high = None
         previous = self.updated_ns
-        elapsed_s = 0.0 if previous is None else (now_ns - previous) / _NS
+        elapsed_s = 0.0 if previous is None or held else (now_ns - previous) / _NS
         self.excess = next_excess(self.excess, elapsed_s, config.half_life, bounds)
         self.updated_ns = now_ns
         self.factor = factor_of(self.excess, config)
