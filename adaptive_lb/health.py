@@ -272,13 +272,8 @@ class HealthModel:
         peer_samples = typical_samples(windows, groups)
         probing = self.probing and config.probe_interval > 0
         # A probed host's round trips say whether it is still clearly slow (probe_latency).
-        probe_slow = {}
-        if probing:
-            fastest = peer_medians(
-                windows, groups, config, racks, thin_distances, 10.0, MIN_EVIDENCE, strict=True
-            )
-            args = (windows, groups, typical, fastest, peer_samples, spread, config, now, window_s)
-            probe_slow = still_slow_hosts(stats, *args)
+        args = (groups, racks, thin_distances, typical, peer_samples, spread, config, now)
+        probe_slow = still_slow_hosts(stats, windows, *args, window_s) if probing else {}
 
         transitions = []
         latency_config = config.latency_factor

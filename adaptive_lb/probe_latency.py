@@ -49,8 +49,8 @@ One-sided on purpose: a fast probe does not prove that user requests are fast (a
 disk, a hot partition, a slow table never shows in ``system.local``), so fast probes leave
 the host to the ways back it had without them; only slow probes hold it.
 
-Imports the config, the statistics (window type, host statistics), the evidence rules and
-the latency factor's constant and jitter floor; pure logic, no state.
+Imports the config, the statistics (window type, host statistics), the evidence rules, the
+peer groups and the latency factor's constant and jitter floor; pure logic, no state.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ from typing import TypeVar
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.evidence import MIN_EVIDENCE
 from adaptive_lb.latency_factor import MEDIAN_SE, jitter_spread
+from adaptive_lb.peer_groups import peer_medians
 from adaptive_lb.stats import HostStats, WindowStats
 
 __all__ = ["MIN_REFERENCE", "probe_offset", "probe_rtts", "still_slow", "still_slow_hosts"]
@@ -162,8 +163,9 @@ def still_slow_hosts(
     stats: Mapping[_K, HostStats],
     windows: Mapping[_K, WindowStats],
     groups: Mapping[_K, Hashable],
+    racks: Mapping[_K, Hashable] | None,
+    distances: Mapping[tuple[Hashable, Hashable], float] | None,
     peer_user: Mapping[_K, float | None],
-    peer_fastest: Mapping[_K, float | None],
     peer_samples: Mapping[Hashable, int],
     spread: float,
     config: HealthConfig,
@@ -171,10 +173,16 @@ def still_slow_hosts(
     window_s: float,
 ) -> dict[_K, str]:
     """The hosts that are still clearly slow by their probes (:func:`still_slow`), with
-    why. ``windows``: the hosts' user windows; ``peer_user``: each host's peers'
-    user-request median (the evidence rules' reference); ``peer_fastest``: their p10 alike;
-    ``peer_samples``: per group, the median answer count behind them."""
+    why. ``windows``: the hosts' user windows (with p10); ``racks`` and ``distances``: the
+    evidence rules' (their peers' fastest tenth is found as their median is);
+    ``peer_user``: each host's peers' user-request median (the evidence rules' reference);
+    ``peer_samples``: per group, the median answer count behind it."""
     probes = probe_rtts(stats, now_ns, window_s)
+    if not probes:
+        return {}
+    peer_fastest = peer_medians(
+        windows, groups, config, racks, distances, 10.0, MIN_EVIDENCE, strict=True
+    )
     slow = {}
     for key, (median_s, count) in probes.items():
         user_s = peer_user.get(key)
