@@ -12,8 +12,8 @@ Every public name of the health rules (:mod:`adaptive_lb.health_rules`,
 :mod:`adaptive_lb.health_verdict`, the peers' medians of :mod:`adaptive_lb.peer_groups`) is
 importable from here too.
 
-May import: its own row (rules, verdict, evidence, peers, probes) and the rows below it
-(statistics, health states, locality, config, clock).
+May import: its own row (rules, verdict, evidence, peers, probes, probe round trips) and
+the rows below it (statistics, health states, locality, config, clock).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from adaptive_lb.health_state import HealthState
 from adaptive_lb.health_verdict import HostHealth, warming_penalty
 from adaptive_lb.locality import RackDistances, RackKey
 from adaptive_lb.peer_groups import peer_median, peer_medians
+from adaptive_lb.probe_latency import still_slow_hosts
 from adaptive_lb.probes import judge
 from adaptive_lb.stats import HostStats, WindowStats
 
@@ -50,8 +51,9 @@ __all__ = [
 log = logging.getLogger("adaptive_lb.health")
 
 _NS = 1_000_000_000
-_REPORTED_PERCENTILES = (50.0, 95.0, 99.0)
-"""Percentiles computed at each refresh besides the configured one (snapshots, exporters)."""
+_REPORTED_PERCENTILES = (10.0, 50.0, 95.0, 99.0)
+"""Percentiles computed at each refresh besides the configured one (snapshots, exporters;
+p10: the reference of a probe's round trip, :mod:`adaptive_lb.probe_latency`)."""
 _PENALISED = (HealthState.SLOW, HealthState.ERRORING)
 
 
@@ -268,9 +270,12 @@ class HealthModel:
         )
         spread = latency_spread(windows.values())
         peer_samples = typical_samples(windows, groups)
+        probing = self.probing and config.probe_interval > 0
+        # A probed host's round trips say whether it is still clearly slow (probe_latency).
+        args = (groups, racks, thin_distances, typical, peer_samples, spread, config, now)
+        probe_slow = still_slow_hosts(stats, windows, *args, window_s) if probing else {}
 
         transitions = []
-        probing = self.probing and config.probe_interval > 0
         latency_config = config.latency_factor
         stalled: dict[Hashable, float] = {}
         with self._state_lock:
@@ -296,6 +301,7 @@ class HealthModel:
                     failures,
                     peer_typical=typical[key],
                     spread=spread,
+                    probe_slow=probe_slow.get(key),
                 )
                 if probing:
                     new = judge(
@@ -316,6 +322,7 @@ class HealthModel:
                         peer_samples.get(groups.get(key), 0),
                         spread,
                         latency_config,
+                        key in probe_slow,
                     )
                 host.latency_factor = latency.factor
                 if new.probe is None:

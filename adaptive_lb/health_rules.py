@@ -117,6 +117,7 @@ def assess(
     *,
     peer_typical: float | None = None,
     spread: float = DEFAULT_SPREAD,
+    probe_slow: str | None = None,
 ) -> HostHealth:
     """The next verdict for a host; a pure function (see the module docstring for the
     rules).
@@ -131,7 +132,9 @@ def assess(
     what it did since the previous verdict is the fresh evidence of a way back
     (:mod:`adaptive_lb.health_return`). ``peer_typical`` (the peers' median p50) and
     ``spread`` feed the rules for hosts with fewer than ``min_samples``
-    (:mod:`adaptive_lb.evidence`).
+    (:mod:`adaptive_lb.evidence`). ``probe_slow``: why the host's probes say it is still
+    clearly slow (:mod:`adaptive_lb.probe_latency`); then a SLOW host is not let back on
+    its window's lapse.
     """
     penalties = config.penalties
     latency = window.latency.get(float(config.percentile))
@@ -342,6 +345,8 @@ def assess(
                     f"{_s(threshold)} (peer median {_s(peer_median)}), "
                     f"{window.samples} samples"
                 )
+        elif in_state_s >= window_s and probe_slow is not None:
+            return verdict(state, penalties.slow, probe_slow, previous.since_ns, previous.cause)
         elif in_state_s >= window_s:
             return warming(
                 f"probing: only {window.samples} samples in the {window_s:g}s "

@@ -25,6 +25,26 @@ is built to be *exactly 1 for hosts that are not surely slower than their peers*
 
       [low, high] = g -/+ c * 1.2533 * s * sqrt(1 / n + 1 / n_p)      (:func:`gap_bounds`)
 
+  (``low`` with the jitter floor below).
+* **A floor for the client's own jitter.** An answer's latency as the client measures it
+  includes the client's delay in handling it: its other threads and the GIL, the
+  scheduler, a collection, the driver's event loop -- a few hundred microseconds to about
+  a millisecond on a busy Python client, the same for every host. On answers of a
+  millisecond or two that is a large ratio, and it comes in bursts that the cluster's
+  ``s`` (measured from p95 / p50 over windows of a few answers) does not show: against
+  Simulacron (hosts answering in ~1-2 ms) one late answer among a few lifted an equal
+  host's median 1.7 x over its peers' while ``s`` read 0.21. So below the gap each side's
+  spread is at least ``ln(1 + jitter / latency)`` at that side's median
+  (``health.latency_factor.jitter``, ``J``, 1 ms; :func:`jitter_spread`)::
+
+      low = g - c * 1.2533 * sqrt(s_h ** 2 / n + s_p ** 2 / n_p)
+      s_h = max(s, ln(1 + J / m)),  s_p = max(s, ln(1 + J / p))
+
+  1 ms is ln 2 on 1 ms answers, 0.18 on 5 ms ones: it weighs where the jitter can fake a
+  gap and fades where latencies are large (the real Cassandra of the tests, 2.5-5 ms with
+  ``s`` 0.4-0.7, is all but untouched). The upper bound keeps ``s`` alone: the jitter only
+  ever delays an answer, so it can make a host look slower, never faster. Relative noise
+  has its floor in ``s`` itself (at least 0.2, :data:`adaptive_lb.evidence.MIN_SPREAD`).
 * **Peak-sensitive, decaying with time** (the envelope ``e``, a log-ratio, kept per host)::
 
       e(t) = max(0, min(high, max(low, e(t - dt) - dt * ln 2 / half_life)))
@@ -62,7 +82,14 @@ import math
 
 from adaptive_lb.config import LatencyFactorConfig
 
-__all__ = ["MEDIAN_SE", "LatencyRecord", "factor_of", "gap_bounds", "next_excess"]
+__all__ = [
+    "MEDIAN_SE",
+    "LatencyRecord",
+    "factor_of",
+    "gap_bounds",
+    "jitter_spread",
+    "next_excess",
+]
 
 MEDIAN_SE = math.sqrt(math.pi / 2.0)
 """Standard error of a median of normal samples, in units of the mean's (1.2533)."""
@@ -79,15 +106,32 @@ def gap_bounds(
     peer_samples: int,
     spread: float,
     certainty: float,
+    jitter_s: float = 0.0,
 ) -> tuple[float, float, float]:
     """``(g, low, high)``: the log-gap ``ln(median / peer)`` of a host whose median over
     ``samples`` answers is ``median_s`` against its peers' ``peer_s`` (from about
     ``peer_samples`` answers a host), and its confidence interval at ``certainty``
-    standard errors of the difference of the two medians
-    (``1.2533 * spread * sqrt(1 / samples + 1 / peer_samples)``)."""
+    standard errors of the difference of the two medians,
+    ``1.2533 * sqrt(s_h ** 2 / samples + s_p ** 2 / peer_samples)``. Below the gap each
+    side's spread is at least its :func:`jitter_spread` of ``jitter_s`` (client-side noise
+    only ever delays an answer, so it can make a host look slower, never faster); above
+    it, ``s_h = s_p = spread``."""
     gap = math.log(median_s / peer_s)
-    margin = certainty * MEDIAN_SE * spread * math.sqrt(1.0 / samples + 1.0 / peer_samples)
-    return gap, gap - margin, gap + margin
+    both = 1.0 / samples + 1.0 / peer_samples
+    own = max(spread, jitter_spread(jitter_s, median_s))
+    peers = max(spread, jitter_spread(jitter_s, peer_s))
+    low = certainty * MEDIAN_SE * math.sqrt(own * own / samples + peers * peers / peer_samples)
+    high = certainty * MEDIAN_SE * spread * math.sqrt(both)
+    return gap, gap - low, gap + high
+
+
+def jitter_spread(jitter_s: float, latency_s: float) -> float:
+    """The log-spread that ``jitter_s`` of client-side noise (scheduling, the event loop,
+    a collection) gives answers taking ``latency_s``: ``ln(1 + jitter_s / latency_s)``. The
+    same noise is a large ratio on a fast answer and a small one on a slow answer."""
+    if jitter_s <= 0.0 or latency_s <= 0.0:
+        return 0.0
+    return math.log1p(jitter_s / latency_s)
 
 
 def next_excess(
@@ -145,21 +189,23 @@ class LatencyRecord:
         peer_samples: int,
         spread: float,
         config: LatencyFactorConfig,
+        held: bool = False,
     ) -> float:
         """Fold the host's window at ``now_ns`` (its median ``median_s`` over ``samples``
         answers, against its peers' ``peer_s`` from about ``peer_samples`` answers a host)
-        into the envelope; the new factor."""
+        into the envelope; the new factor. ``held``: its probes say it is still clearly
+        slow (:mod:`adaptive_lb.probe_latency`): the envelope does not decay meanwhile."""
         bounds: tuple[float, float] | None = None
         if median_s and peer_s and median_s > 0 and peer_s > 0 and samples > 0 < peer_samples:
             gap, low, high = gap_bounds(
-                median_s, peer_s, samples, peer_samples, spread, config.certainty
+                median_s, peer_s, samples, peer_samples, spread, config.certainty, config.jitter
             )
             bounds = (low, high)
             self.ratio, self.low, self.high = math.exp(gap), math.exp(low), math.exp(high)
         else:
             self.ratio = self.low = self.high = None
         previous = self.updated_ns
-        elapsed_s = 0.0 if previous is None else (now_ns - previous) / _NS
+        elapsed_s = 0.0 if previous is None or held else (now_ns - previous) / _NS
         self.excess = next_excess(self.excess, elapsed_s, config.half_life, bounds)
         self.updated_ns = now_ns
         self.factor = factor_of(self.excess, config)

@@ -12,8 +12,9 @@ Imports nothing from adaptive-lb (the statistics layer imports it).
 from __future__ import annotations
 
 import threading
+from collections import deque
 
-__all__ = ["OUTCOMES", "ProbeRecord"]
+__all__ = ["OUTCOMES", "RTT_SAMPLES", "ProbeRecord"]
 
 ANSWERED = "answered"
 """The host answered the probe (a result, or a refusal for the client's own reasons)."""
@@ -25,6 +26,9 @@ UNSENT = "unsent"
 """The driver had no connection to send it on (host down or pool busy)."""
 OUTCOMES = (ANSWERED, FAILED, TIMEOUT, UNSENT)
 """How a probe ends, as counted and exported."""
+RTT_SAMPLES = 8
+"""Round trips of answered probes kept per host (the last ones): what
+:mod:`adaptive_lb.probe_latency` compares with the host's peers'."""
 
 
 class ProbeRecord:
@@ -45,6 +49,7 @@ class ProbeRecord:
         "next_ns",
         "outstanding",
         "reason",
+        "rtts",
         "sent",
         "timed_out",
         "unsent",
@@ -71,6 +76,8 @@ class ProbeRecord:
         """How the last probe ended (one of :data:`OUTCOMES`)."""
         self.last_latency_s: float | None = None
         """How long the last answered probe took, seconds."""
+        self.rtts: deque[tuple[int, float]] = deque(maxlen=RTT_SAMPLES)
+        """The last answered probes: (when it answered, clock ns; its round trip, s)."""
         self.reason = ""
         """Why the last probe was sent."""
         self.next_ns = 0
@@ -106,6 +113,7 @@ class ProbeRecord:
                 self.answered += 1
                 sent = self.last_sent_ns if self.last_sent_ns is not None else now_ns
                 self.last_latency_s = max(0, now_ns - sent) / 1e9
+                self.rtts.append((now_ns, self.last_latency_s))
                 self.last_answer_ns = now_ns
                 self.failures_cleared = max(self.failures_cleared, failures_at_send)
             elif outcome == UNSENT:
@@ -116,6 +124,12 @@ class ProbeRecord:
                 else:
                     self.failed += 1
                 self.last_failure_ns = now_ns
+
+    def recent_rtts(self, since_ns: int) -> list[float]:
+        """Round trips (s) of the kept answered probes that answered from ``since_ns`` on."""
+        with self._lock:
+            kept = tuple(self.rtts)
+        return [rtt for at_ns, rtt in kept if at_ns >= since_ns]
 
     def counts(self) -> dict[str, int]:
         """Probes ended, by outcome (:data:`OUTCOMES`)."""

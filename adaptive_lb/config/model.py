@@ -196,6 +196,12 @@ class LatencyFactorConfig:
     Lower than ``health.certainty`` (a verdict, 64 x): a factor is proportional and
     decays. With 2 and a cluster log-spread of 0.3, one answer 2.7 x the peers' median
     already counts, ten answers 1.5 x."""
+    jitter: float = duration(0.001, ge(0.0), le(1.0))
+    """Client-side noise an answer may carry without its host being slower (the process's
+    scheduling, its event loop, a garbage collection; seen up to ~1 ms on a busy Python
+    client): each side of the gap is at least as uncertain as this noise makes it at that
+    side's latency (``ln(1 + jitter / latency)``). Large on sub-millisecond answers, small
+    on slow ones. 0: the measured spread alone."""
     half_life: float = duration(10.0, ge(0.0), le(600.0))
     """How fast the factor decays once the evidence no longer holds it up (the host's
     answers have left the window): it halves in this long, and the host is tried again

@@ -95,6 +95,7 @@ BOUNDS = [
     ("health.latency_factor.cap", [1, 4, 100], [0.9, 101, None], "must be >= 1, got 0.9"),
     ("health.latency_factor.certainty", [0, 2, 10], [-0.1, 10.5, "2"], "must be >= 0"),
     ("health.latency_factor.dead_band", [1, 1.25, 10], [0.99, 10.5, "x"], "must be >= 1"),
+    ("health.latency_factor.jitter", [0, "1ms", "1s"], [-1, "2s"], "non-negative duration"),
     ("health.latency_factor.half_life", [0, "7s", "10m"], [-1, "11m"], "non-negative duration"),
     ("tracing.enabled", [True, False], ["no"], "must be true or false, got a string ('no')"),
     ("tracing.mode", ["event", "span"], ["both", 1], "must be one of event, span, got 'both'"),

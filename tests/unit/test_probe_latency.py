@@ -1,0 +1,220 @@
+"""The probe's round trip as a load signal: a slow host is held while its probes are clearly
+slower than what its peers' user requests say a probe takes there, let back when they are
+not; healthy peers with traffic are never probed for it (the real health model and
+scheduler; no driver)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from adaptive_lb.clock import ManualClock
+from adaptive_lb.config import HealthConfig, LatencyFactorConfig, TrackingConfig
+from adaptive_lb.health import HealthModel, HealthState
+from adaptive_lb.latency_factor import LatencyRecord
+from adaptive_lb.probe_latency import MIN_REFERENCE, probe_offset, still_slow
+from adaptive_lb.probe_record import ANSWERED, TIMEOUT
+from adaptive_lb.probes import ProbeScheduler
+from adaptive_lb.stats import HostStats, WindowStats
+
+MS = 1_000_000
+S = 1_000_000_000
+HEALTHY, SLOW, ERRORING, WARMING = (
+    HealthState.HEALTHY,
+    HealthState.SLOW,
+    HealthState.ERRORING,
+    HealthState.WARMING,
+)
+
+
+class Cluster:
+    """h0..h2 in one datacenter on a manual clock, health refreshed every 200 ms and the
+    scheduler asked after each refresh, as the policy does. Every probe sent is answered
+    after ``rtt_ms[host]`` (None: never answered); user requests take 1.5-2.5 ms."""
+
+    def __init__(self) -> None:
+        self.clock = ManualClock(1 * S)
+        self.config = HealthConfig()
+        self.stats = {f"h{i}": HostStats(TrackingConfig(), self.clock) for i in range(3)}
+        self.groups = dict.fromkeys(self.stats, "dc1")
+        self.model = HealthModel(self.config, self.clock, window_s=10.0)
+        self.model.probing = True
+        self.scheduler = ProbeScheduler(random.Random(1))
+        self.random = random.Random(1)
+        self.rtt_ms: dict[str, float | None] = dict.fromkeys(self.stats, 0.3)
+        self.sent: list[tuple[str, str]] = []
+
+    def request(self, key: str, latency_ms: float | None = None) -> None:
+        stats = self.stats[key]
+        stats.on_send()
+        latency_ms = latency_ms if latency_ms is not None else self.random.uniform(1.5, 2.5)
+        stats.on_success(round(latency_ms * MS))
+
+    def refresh(self) -> None:
+        self.clock.advance(200 * MS)
+        now = self.clock.now_ns()
+        for key, stats in self.stats.items():  # the probes of the last refresh answer
+            record = stats.probes
+            rtt = self.rtt_ms[key]
+            if record.outstanding and record.last_sent_ns is not None:
+                if rtt is None:
+                    record.end(TIMEOUT, now)
+                else:
+                    record.end(ANSWERED, min(now, record.last_sent_ns + round(rtt * MS)))
+        self.model.refresh(self.stats, self.groups)
+        orders = self.scheduler.due(
+            ((key, stats, True) for key, stats in self.stats.items()),
+            self.model.verdicts,
+            self.model.windows,
+            self.model.stalled,
+            now,
+            self.config,
+        )
+        for order in orders:
+            assert order.stats.probes.begin(now, order.next_ns, order.reason)
+            self.sent.append((str(order.key), order.reason))
+
+    def run(self, seconds: float, slow_ms: float | None = None) -> None:
+        """Each peer answers a user request every 200 ms; h0 too (in ``slow_ms``) if given."""
+        for _ in range(round(seconds / 0.2)):
+            if slow_ms is not None:
+                self.request("h0", slow_ms)
+            for key in ("h1", "h2"):
+                self.request(key)
+            self.refresh()
+
+    def state(self, key: str) -> HealthState:
+        return self.stats[key].health_state
+
+
+def slow_h0(rtt_ms: float) -> Cluster:
+    """h0 answers 60 ms until it is SLOW, then gets no user request; its probes take
+    ``rtt_ms``, its peers' user requests ~2 ms (the fastest tenth ~1.6 ms)."""
+    cluster = Cluster()
+    cluster.rtt_ms["h0"] = rtt_ms
+    cluster.run(2.0, slow_ms=60.0)
+    assert cluster.state("h0") is SLOW
+    return cluster
+
+
+def test_a_slow_host_with_slow_probes_stays_slow_after_its_window():
+    cluster = slow_h0(8.0)
+    cluster.run(15.0)
+    assert cluster.state("h0") is SLOW
+    verdict = cluster.model.health("h0")
+    assert verdict is not None and verdict.reason.startswith("still slow by its probes")
+    assert cluster.stats["h0"].requests_total == 10  # no user request since
+
+
+@pytest.mark.parametrize("rtt_ms", [0.3, 1.5])
+def test_a_slow_host_with_probes_no_slower_than_a_request_is_let_back(rtt_ms):
+    # 1.5 ms: as fast as its peers' fastest requests -- not surely slower than their probes.
+    cluster = slow_h0(rtt_ms)
+    cluster.run(10.4)
+    assert cluster.state("h0") is WARMING
+
+
+def test_a_held_host_is_let_back_once_its_probes_are_fast_again():
+    cluster = slow_h0(8.0)
+    cluster.run(12.0)
+    assert cluster.state("h0") is SLOW
+    cluster.rtt_ms["h0"] = 0.3
+    cluster.run(12.0)  # the slow probes leave the window
+    assert cluster.state("h0") is WARMING
+
+
+def test_healthy_peers_with_traffic_are_never_probed_for_it():
+    cluster = Cluster()
+    cluster.run(5.0, slow_ms=2.0)
+    assert cluster.sent == []  # healthy hosts with traffic: no probe
+    cluster.rtt_ms["h0"] = 8.0
+    cluster.run(2.0, slow_ms=60.0)
+    cluster.run(15.0)
+    assert cluster.state("h0") is SLOW
+    assert {host for host, _ in cluster.sent} == {"h0"}, cluster.sent
+
+
+def test_a_stall_is_judged_as_before():
+    cluster = slow_h0(8.0)
+    cluster.run(3.0)
+    cluster.rtt_ms["h0"] = None  # its probe times out: stalled, as without round trips
+    cluster.run(1.0)
+    assert cluster.state("h0") is ERRORING
+    assert cluster.model.health("h0").cause == "stall"  # type: ignore[union-attr]
+
+
+def test_probe_round_trips_never_enter_the_user_window():
+    cluster = slow_h0(8.0)
+    before = cluster.stats["h0"].window_stats([50.0]).samples
+    cluster.run(4.0)
+    assert cluster.stats["h0"].probes.answered >= 3
+    assert cluster.stats["h0"].window_stats([50.0]).samples == before
+
+
+NO_JITTER = HealthConfig(latency_factor=LatencyFactorConfig(jitter=0.0))
+
+
+@pytest.mark.parametrize(
+    ("median_ms", "samples", "offset_ms", "fastest_ms", "held"),
+    [
+        (5.0, 8, 0.95, None, True),  # 4.65 ms more than a probe on its peers: surely slow
+        (1.1, 8, 0.95, None, True),  # 0.75 ms more: a request 1.6 x its peers' 1.3 ms
+        (0.5, 8, 0.95, None, False),  # 0.15 ms more: within the dead band
+        (5.0, 2, 0.95, None, False),  # too few probes
+        (0.9, 3, 0.95, None, False),  # slower, but not surely (3 probes)
+        # No offset measured: against the peers' fastest requests, then their median.
+        (1.1, 8, None, 0.9, False),  # as fast as their fastest requests: not surely slower
+        (3.0, 8, None, 0.9, True),
+        (4.0, 8, None, None, True),
+        (2.0, 8, None, None, False),  # a user request may well take that
+    ],
+)
+def test_still_slow_is_the_probe_excess_on_the_peers_user_latency(
+    median_ms, samples, offset_ms, fastest_ms, held
+):
+    offset = None if offset_ms is None else offset_ms / 1e3
+    fastest = None if fastest_ms is None else fastest_ms / 1e3
+    why = still_slow(median_ms / 1e3, samples, 1.3e-3, 5, offset, 0.4, NO_JITTER, fastest)
+    assert (why is not None) is held
+
+
+def test_the_client_jitter_floor_applies_to_probes_too():
+    # 1 ms of client jitter is ln(1 + 1 / 0.35) = 1.35 on the peers' 0.35 ms probes: a probe
+    # 0.75 ms slower than theirs is no longer sure from 8 probes; 4.65 ms slower still is.
+    assert still_slow(1.1e-3, 8, 1.3e-3, 30, 0.95e-3, 0.4, NO_JITTER) is not None
+    assert still_slow(1.1e-3, 8, 1.3e-3, 30, 0.95e-3, 0.4, HealthConfig()) is None
+    assert still_slow(5.0e-3, 8, 1.3e-3, 30, 0.95e-3, 0.4, HealthConfig()) is not None
+
+
+def window(p50_ms: float, samples: int = 10) -> WindowStats:
+    return WindowStats(samples, samples, 0, 0, samples, {50.0: p50_ms / 1e3})
+
+
+def test_the_offset_is_measured_on_other_hosts_with_both():
+    groups = {"a": 1, "b": 1, "c": 1, "d": 2}
+    probes = {"a": (5.0e-3, 5), "b": (0.4e-3, 5), "c": (0.5e-3, 3), "d": (0.1e-3, 9)}
+    windows = {"a": window(60.0), "b": window(1.4), "c": window(1.6), "d": window(9.0)}
+    # b and c have both: 1.0 and 1.1 ms; a is the probed host, d another datacenter.
+    assert probe_offset(probes, windows, groups, 1, "a") == pytest.approx(1.05e-3)
+    # Too few probes, or too few user answers: no measure.
+    assert probe_offset({"b": (0.4e-3, 2)}, windows, groups, 1, "a") is None
+    assert probe_offset(probes, {"b": window(1.4, 2)}, groups, 1, "a") is None
+    # A probe dearer than a request (client jitter) counts as none.
+    assert probe_offset({"b": (2.0e-3, 5)}, windows, groups, 1, "a") == 0.0
+    # The reference never vanishes, whatever the offset.
+    assert still_slow(0.2e-3, 8, 1.3e-3, 5, 5e-3, 0.4, HealthConfig()) is None
+    assert MIN_REFERENCE * 1.3e-3 > 0
+
+
+def test_a_held_latency_factor_does_not_decay():
+    config = LatencyFactorConfig()
+    record, held = LatencyRecord(), LatencyRecord()
+    for rec in (record, held):
+        rec.update(0, 0.016, 0.001, 1, 30, 0.3, config)
+        assert rec.factor == config.cap
+    for t in range(1, 41):
+        record.update(t * S, None, 0.001, 0, 30, 0.3, config)
+        held.update(t * S, None, 0.001, 0, 30, 0.3, config, held=True)
+    assert record.factor == 1.0
+    assert held.factor == config.cap
