@@ -92,19 +92,19 @@ def test_record_run_writes_the_record_and_syncs_the_docs(tmp_path, monkeypatch):
     monkeypatch.setattr(figures, "driver", lambda: "cassandra-driver 9.9.9")
     figures.record_run(
         "tracking_overhead",
-        "listener-every",
+        "every",
         {"one_in": 1, "tracking_cost_us": 4.4, "tracking_cost_iqr_us": [4.1, 4.9]},
-        ["--one-in", "1", "--record", "listener-every"],
+        ["--one-in", "1", "--record", "every"],
     )
     data = json.loads((root / "docs" / "figures.json").read_text(encoding="utf-8"))
-    entry = data["records"]["tracking_overhead/cassandra-driver/listener-every"]
+    entry = data["records"]["tracking_overhead/cassandra-driver/every"]
     assert entry["command"] == "python benchmarks/tracking_overhead.py --one-in 1"
     assert entry["driver"] == "cassandra-driver 9.9.9"
     assert entry["figures"]["tracking_cost_iqr_us.1"] == 4.9
     assert {"date", "python", "machine", "commit"} <= set(entry)
     assert "e2e_overhead/scylla-driver/listener" in data["records"]  # the others are kept
     readme = (root / "README.md").read_text(encoding="utf-8")
-    marker = "<!--fig tracking_overhead/cassandra-driver/listener-every tracking_cost_us-->"
+    marker = "<!--fig tracking_overhead/cassandra-driver/every tracking_cost_us-->"
     assert f"4{marker}" in readme
     assert figures.check(root) == []
 
