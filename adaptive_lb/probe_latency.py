@@ -50,19 +50,19 @@ disk, a hot partition, a slow table never shows in ``system.local``), so fast pr
 the host to the ways back it had without them; only slow probes hold it.
 
 Imports the config, the statistics (window type, host statistics), the evidence rules, the
-peer groups and the latency factor's constant and jitter floor; pure logic, no state.
+peer groups and the latency factor's gap bounds (the same jitter floor); pure logic, no
+state.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Hashable, Mapping
 from typing import TypeVar
 
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.evidence import MIN_EVIDENCE
-from adaptive_lb.latency_factor import MEDIAN_SE, jitter_spread
+from adaptive_lb.latency_factor import gap_bounds
 from adaptive_lb.peer_groups import peer_medians
 from adaptive_lb.stats import HostStats, WindowStats
 
@@ -100,7 +100,7 @@ def probe_offset(
     """How much longer a user request takes than a probe on the same node, measured on the
     hosts of ``group`` other than ``excluding`` with :data:`MIN_EVIDENCE` answered probes
     and as many user answers in the window: the median of their user p50 minus their probe
-    median, at least 0; 0 without such a host."""
+    median, at least 0; None without such a host."""
     gaps = []
     for key, (median_s, count) in probes.items():
         window = windows.get(key)
@@ -139,11 +139,16 @@ def still_slow(
     else:
         peer_s = peer_user_s
     peer_s = max(peer_s, MIN_REFERENCE * peer_user_s)
-    jitter_s = config.latency_factor.jitter
-    own = max(spread, jitter_spread(jitter_s, median_s))
-    peers = max(spread, jitter_spread(jitter_s, peer_s))
-    margin = config.certainty * MEDIAN_SE * math.sqrt(own**2 / samples + peers**2 / peer_samples)
-    if math.log(median_s / peer_s) <= margin:
+    _, low, _ = gap_bounds(
+        median_s,
+        peer_s,
+        samples,
+        peer_samples,
+        spread,
+        config.certainty,
+        config.latency_factor.jitter,
+    )
+    if low <= 0:
         return None  # not surely slower than its peers at all
     excess_s = median_s - peer_s
     equal_s = max(
