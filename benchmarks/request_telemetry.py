@@ -24,13 +24,11 @@ import gc
 import json
 import statistics
 import sys
-import threading
 import time
 import types
 from typing import Any
 
 from cassandra import ConsistencyLevel
-from cassandra.cluster import ResponseFuture
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.protocol import QueryMessage, ResultMessage
 from cassandra.query import SimpleStatement
@@ -42,7 +40,7 @@ from adaptive_lb import AdaptiveLoadBalancingPolicy
 from adaptive_lb.config import Config, MetricsConfig
 from adaptive_lb.request_spans import RequestTelemetry
 from adaptive_lb.tools.cli_format import HelpFormatter
-from adaptive_lb.tools.offline_session import OfflineFuture
+from adaptive_lb.tools.offline_session import OfflineFuture, unsent_future
 from adaptive_lb.tools.sim.driver_topology import build_cluster
 from adaptive_lb.tracking import RequestTracker
 
@@ -68,21 +66,9 @@ class _Listeners:
         pass
 
 
-def _future(policy: Any) -> Any:
-    # A real ResponseFuture subclass whose network steps are no-ops, without its __init__
-    # (no plan: this measures the listener path only).
-    future = OfflineFuture.__new__(OfflineFuture)
-    future._load_balancer = policy
-    future._callback_lock = threading.Lock()
-    future._callbacks = []
-    future._errbacks = []
-    future._final_result = ResponseFuture._final_result
-    future._final_exception = None
-    return future
-
-
 def _request_future(policy: Any, statement: Any, session: Any, message: Any) -> Any:
-    future = _future(policy)
+    # Network steps that are no-ops, no plan: this measures the listener path only.
+    future = unsent_future(OfflineFuture, policy)
     future.query = statement
     future.session = session
     future.message = message

@@ -7,21 +7,43 @@ For what needs the driver's per-request path without a server:
 and its unit test. Each request is "sent" to the first host of its plan and
 answered at once with a real ``ResultMessage``, as one attempt.
 
-Imports the driver only; imported by tests and benchmarks, never by the library.
+Imports the driver and the name of its future's policy attribute
+(:data:`adaptive_lb._driver.FUTURE_POLICY_ATTRIBUTE`); imported by tests and benchmarks,
+never by the library.
 """
 
 from __future__ import annotations
 
 import threading
 import types
-from typing import Any
+from typing import Any, TypeVar
 
 from cassandra.cluster import ResponseFuture, Session
 from cassandra.protocol import ResultMessage
 
-__all__ = ["OfflineFuture", "OfflineSession"]
+from adaptive_lb._driver import FUTURE_POLICY_ATTRIBUTE
+
+__all__ = ["OfflineFuture", "OfflineSession", "unsent_future"]
+
+_F = TypeVar("_F", bound=ResponseFuture)
 
 _RESULT = ResultMessage(2)  # a VOID result
+
+
+def unsent_future(cls: type[_F], policy: Any) -> _F:
+    """A ``cls`` (a ``ResponseFuture`` subclass) in the state its ``__init__`` leaves it,
+    planned by ``policy``, without a session, a statement or a plan: the attributes the
+    methods tracking hooks read (the callbacks and their lock, the "not set" final result,
+    the policy). Relies on ResponseFuture privates of both drivers; those the hook uses are
+    pinned in ``tests/unit/test_driver_contract.py``."""
+    future = object.__new__(cls)  # what the class would do, without its __init__
+    setattr(future, FUTURE_POLICY_ATTRIBUTE, policy)
+    future._callback_lock = threading.Lock()
+    future._callbacks = []
+    future._errbacks = []
+    future._final_result = ResponseFuture._final_result
+    future._final_exception = None
+    return future
 
 
 class OfflineFuture(ResponseFuture):
@@ -68,15 +90,9 @@ class OfflineSession(Session):
         )
 
     def _create_response_future(self, query: Any, *args: Any, **kwargs: Any) -> OfflineFuture:
-        future = OfflineFuture.__new__(OfflineFuture)
+        future = unsent_future(OfflineFuture, self._policy)
         future.session = self
         future.query = query
-        future._load_balancer = self._policy
-        future._callback_lock = threading.Lock()
-        future._callbacks = []
-        future._errbacks = []
-        future._final_result = ResponseFuture._final_result
-        future._final_exception = None
         future._host = None
         # As ResponseFuture.__init__ does: the plan first, on the caller's thread.
         future.query_plan = iter(self._policy.make_query_plan(None, query))

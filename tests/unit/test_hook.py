@@ -4,16 +4,15 @@ reported once, the end of the request where it happens."""
 
 from __future__ import annotations
 
-import threading
-
 from cassandra.cluster import ResponseFuture
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.protocol import ResultMessage
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb._driver import FUTURE_POLICY_ATTRIBUTE, hook_future
+from adaptive_lb._driver import hook_future
 from adaptive_lb.attempts import Attempts
 from adaptive_lb.clock import ManualClock
+from adaptive_lb.tools.offline_session import unsent_future
 from adaptive_lb.tools.sim.driver_topology import build_cluster
 
 SCHEMA_CHANGE = ResultMessage(5)  # RESULT_KIND_SCHEMA_CHANGE: the driver ends it later
@@ -42,21 +41,8 @@ class DriverLikeFuture(ResponseFuture):
 
 
 def new_future(policy):
-    """A ResponseFuture in the state its ``__init__`` leaves it, without a session.
-
-    Relies on ResponseFuture privates of cassandra-driver and scylla-driver: the ones the
-    hook uses (the four methods, ``_final_result``'s "not set" class default, the policy
-    attribute) are pinned in test_driver_contract; ``_callback_lock``, ``_callbacks``,
-    ``_errbacks`` and ``_final_exception`` are what ``__init__`` sets for the methods this
-    class inherits."""
-    future = DriverLikeFuture.__new__(DriverLikeFuture)
-    setattr(future, FUTURE_POLICY_ATTRIBUTE, policy)
-    future._callback_lock = threading.Lock()
-    future._callbacks = []
-    future._errbacks = []
-    future._final_result = ResponseFuture._final_result
-    future._final_exception = None
-    return future
+    """A ResponseFuture in the state its ``__init__`` leaves it, without a session."""
+    return unsent_future(DriverLikeFuture, policy)
 
 
 class Recorded(Attempts):
