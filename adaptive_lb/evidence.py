@@ -20,6 +20,10 @@ large enough that few answers settle it:
   the defaults (``certainty`` 3, ``outlier_factor`` 2, ``s`` 0.5): 50 ms among peers at
   1 ms is settled by 3 answers, 10 ms by 3, 4 ms by 8, 3 ms by 22, 2.5 ms by 71; 1.9 ms
   never (below the factor). The host's median must also be above ``health.slow_floor``.
+  The host's spread is at least what the client's own jitter makes it at its median
+  (``health.latency_factor.jitter``, :func:`adaptive_lb.latency_factor.jitter_spread`):
+  on a steady cluster (``s`` 0.2) a host at 3 ms among peers at 1.2 ms needs 24 answers,
+  not 12: 1 ms of the client's own noise on a few answers would look the same.
 * **Erroring.** The error rate's lower confidence bound (Wilson's score interval,
   ``certainty`` standard deviations) above ``health.error_rate``: 4 failures in 4
   requests are enough, 5 in 10 are not (:func:`error_rate_lower_bound`).
@@ -27,7 +31,7 @@ large enough that few answers settle it:
 These add to the tail rules, which keep judging busy hosts as before. No driver import, no
 state: the health model computes the inputs at each refresh, never per request.
 
-Imports the config and the statistics only.
+Imports the config, the statistics and the jitter floor of :mod:`adaptive_lb.latency_factor`.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import statistics
 from collections.abc import Hashable, Iterable, Mapping
 
 from adaptive_lb.config import HealthConfig
+from adaptive_lb.latency_factor import jitter_spread
 from adaptive_lb.stats import WindowStats
 
 __all__ = [
@@ -115,19 +120,21 @@ def slow_by_evidence(
     least: int = MIN_EVIDENCE,
 ) -> str | None:
     """Why the host is a latency outlier by the evidence (its median against
-    ``peer_typical``, its peers' median of medians), or None while it is not (yet).
+    ``peer_typical``, its peers' median of medians, at the cluster's ``spread`` or the
+    jitter's at the host's median, whichever is larger), or None while it is not (yet).
     ``least``: the fewest answers that may decide (1 for a host just back from SLOW: the
     evidence that sent it there is the rest)."""
     typical = window.latency.get(50.0)
     if typical is None or not peer_typical or typical <= config.slow_floor:
         return None
     ratio = typical / peer_typical
-    needed = samples_needed(ratio, config.outlier_factor, spread, config.certainty, least)
+    own = max(spread, jitter_spread(config.latency_factor.jitter, typical))
+    needed = samples_needed(ratio, config.outlier_factor, own, config.certainty, least)
     if window.samples < needed:
         return None
     return (
         f"p50 {typical:.4f}s = {ratio:.1f} x peer median {peer_typical:.4f}s, "
-        f"{window.samples} samples (>= {math.ceil(needed)} needed at spread {spread:.2f})"
+        f"{window.samples} samples (>= {math.ceil(needed)} needed at spread {own:.2f})"
     )
 
 

@@ -200,8 +200,9 @@ class LatencyFactorConfig:
     """Client-side noise an answer may carry without its host being slower (the process's
     scheduling, its event loop, a garbage collection; seen up to ~1 ms on a busy Python
     client): each side of the gap is at least as uncertain as this noise makes it at that
-    side's latency (``ln(1 + jitter / latency)``). Large on sub-millisecond answers, small
-    on slow ones. 0: the measured spread alone."""
+    side's latency (``ln(1 + jitter / latency)``), and so is a host's median in the SLOW
+    verdict from fewer than ``min_samples`` answers. Large on sub-millisecond answers,
+    small on slow ones. 0: the measured spread alone."""
     half_life: float = duration(10.0, ge(0.0), le(600.0))
     """How fast the factor decays once the evidence no longer holds it up (the host's
     answers have left the window): it halves in this long, and the host is tried again

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -84,6 +85,20 @@ def test_a_slow_verdict_from_few_answers_names_its_evidence():
     assert slow_by_evidence(window(3, 0.050), None, 0.5, CONFIG) is None  # no peers
     # Under the absolute floor (2 ms), however many times its peers.
     assert slow_by_evidence(window(99, 0.0019), 0.0001, 0.5, CONFIG) is None
+
+
+def test_on_a_steady_cluster_the_client_jitter_sets_the_spread():
+    # 3 ms among peers at 1.2 ms, cluster spread 0.2: 1 ms of the client's own noise is a
+    # log-spread of ln(1 + 1/3) = 0.29 at 3 ms, so 24 answers are needed, not 12.
+    assert samples_needed(2.5, 2.0, math.log1p(1 / 3), 3.0) == pytest.approx(23.5, abs=0.1)
+    assert slow_by_evidence(window(23, 0.003), 0.0012, 0.2, CONFIG) is None
+    assert slow_by_evidence(window(24, 0.003), 0.0012, 0.2, CONFIG) == (
+        "p50 0.0030s = 2.5 x peer median 0.0012s, 24 samples (>= 24 needed at spread 0.29)"
+    )
+    no_jitter = attrs.evolve(CONFIG, latency_factor=attrs.evolve(CONFIG.latency_factor, jitter=0.0))
+    assert slow_by_evidence(window(12, 0.003), 0.0012, 0.2, no_jitter) is not None
+    # Where the cluster's own spread is wider, the jitter adds nothing.
+    assert slow_by_evidence(window(22, 0.003), 0.001, 0.5, CONFIG) is not None
 
 
 def test_the_spread_is_measured_on_hosts_with_enough_answers():
