@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import pytest
 from cassandra.cluster import ExecutionProfile
 from cassandra.policies import (
@@ -55,6 +56,12 @@ STEADY = Config(
     tracking=TrackingConfig(window=10.0, intervals=5),
     health=HealthConfig(percentile=50.0, refresh_interval=0.1, min_samples=20, slow_start=2.0),
 )
+# FAST judging latency by the median. With one node failing, the other two carry all the
+# load, and their p99 over a 2 s window swings: in 2 of 7 runs on a quiet machine one was
+# judged SLOW by p99 against the other's (13.1 vs 5.9 ms), which put it at the failing
+# node's penalty (64), and the failing node got 6 % of the attempts. Errors are what the
+# test judges; slow nodes have their own tests.
+ERRORS_ONLY = attrs.evolve(FAST, health=attrs.evolve(FAST.health, percentile=50.0))
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +185,7 @@ def test_failing_node_turns_erroring_then_warms_back(simulacron, driver_factory,
     failing = nodes["dc1"][0]
     scope = simulacron.scope_of(failing, CLUSTER)
     simulacron.prime_error(QUERY, "overloaded", scope=scope, **PARAMS)
-    policy, cluster, session, stmt = connect(driver_factory)
+    policy, cluster, session, stmt = connect(driver_factory, ERRORS_ONLY)
     host = next(h for h in cluster.metadata.all_hosts() if h.address == failing)
     stats = policy.stats.get(host)
     first = run(session, stmt, 4, 1.0)
