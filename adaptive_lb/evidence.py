@@ -21,7 +21,7 @@ large enough that few answers settle it:
   1 ms is settled by 3 answers, 10 ms by 3, 4 ms by 8, 3 ms by 22, 2.5 ms by 71; 1.9 ms
   never (below the factor). The host's median must also be above ``health.slow_floor``.
   The host's spread is at least what the client's own jitter makes it at its median
-  (``health.latency_factor.jitter``, :func:`adaptive_lb.latency_factor.jitter_spread`):
+  (``health.latency_factor.jitter``, :func:`adaptive_lb.latency_factor.floored_spread`):
   on a steady cluster (``s`` 0.2) a host at 3 ms among peers at 1.2 ms needs 24 answers,
   not 12: 1 ms of the client's own noise on a few answers would look the same.
 * **Erroring.** The error rate's lower confidence bound (Wilson's score interval,
@@ -41,7 +41,7 @@ import statistics
 from collections.abc import Hashable, Iterable, Mapping
 
 from adaptive_lb.config import HealthConfig
-from adaptive_lb.latency_factor import jitter_spread
+from adaptive_lb.latency_factor import floored_spread
 from adaptive_lb.stats import WindowStats
 
 __all__ = [
@@ -128,7 +128,7 @@ def slow_by_evidence(
     if typical is None or not peer_typical or typical <= config.slow_floor:
         return None
     ratio = typical / peer_typical
-    own = max(spread, jitter_spread(config.latency_factor.jitter, typical))
+    own = floored_spread(spread, config.latency_factor.jitter, typical)
     needed = samples_needed(ratio, config.outlier_factor, own, config.certainty, least)
     if window.samples < needed:
         return None

@@ -35,7 +35,7 @@ is built to be *exactly 1 for hosts that are not surely slower than their peers*
   Simulacron (hosts answering in ~1-2 ms) one late answer among a few lifted an equal
   host's median 1.7 x over its peers' while ``s`` read 0.21. So below the gap each side's
   spread is at least ``ln(1 + jitter / latency)`` at that side's median
-  (``health.latency_factor.jitter``, ``J``, 1 ms; :func:`jitter_spread`)::
+  (``health.latency_factor.jitter``, ``J``, 1 ms; :func:`floored_spread`)::
 
       low = g - c * 1.2533 * sqrt(s_h ** 2 / n + s_p ** 2 / n_p)
       s_h = max(s, ln(1 + J / m)),  s_p = max(s, ln(1 + J / p))
@@ -86,8 +86,8 @@ __all__ = [
     "MEDIAN_SE",
     "LatencyRecord",
     "factor_of",
+    "floored_spread",
     "gap_bounds",
-    "jitter_spread",
     "next_excess",
 ]
 
@@ -113,25 +113,26 @@ def gap_bounds(
     ``peer_samples`` answers a host), and its confidence interval at ``certainty``
     standard errors of the difference of the two medians,
     ``1.2533 * sqrt(s_h ** 2 / samples + s_p ** 2 / peer_samples)``. Below the gap each
-    side's spread is at least its :func:`jitter_spread` of ``jitter_s`` (client-side noise
+    side's spread is floored by ``jitter_s`` (:func:`floored_spread`; client-side noise
     only ever delays an answer, so it can make a host look slower, never faster); above
     it, ``s_h = s_p = spread``."""
     gap = math.log(median_s / peer_s)
     both = 1.0 / samples + 1.0 / peer_samples
-    own = max(spread, jitter_spread(jitter_s, median_s))
-    peers = max(spread, jitter_spread(jitter_s, peer_s))
+    own = floored_spread(spread, jitter_s, median_s)
+    peers = floored_spread(spread, jitter_s, peer_s)
     low = certainty * MEDIAN_SE * math.sqrt(own * own / samples + peers * peers / peer_samples)
     high = certainty * MEDIAN_SE * spread * math.sqrt(both)
     return gap, gap - low, gap + high
 
 
-def jitter_spread(jitter_s: float, latency_s: float) -> float:
-    """The log-spread that ``jitter_s`` of client-side noise (scheduling, the event loop,
-    a collection) gives answers taking ``latency_s``: ``ln(1 + jitter_s / latency_s)``. The
-    same noise is a large ratio on a fast answer and a small one on a slow answer."""
+def floored_spread(spread: float, jitter_s: float, latency_s: float) -> float:
+    """The log-spread of answers taking ``latency_s``: the cluster's ``spread``, or what
+    ``jitter_s`` of client-side noise (scheduling, the event loop, a collection) gives
+    them, ``ln(1 + jitter_s / latency_s)``, when that is larger. The same noise is a large
+    ratio on a fast answer and a small one on a slow answer."""
     if jitter_s <= 0.0 or latency_s <= 0.0:
-        return 0.0
-    return math.log1p(jitter_s / latency_s)
+        return spread
+    return max(spread, math.log1p(jitter_s / latency_s))
 
 
 def next_excess(

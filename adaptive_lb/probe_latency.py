@@ -36,7 +36,7 @@ the window) is compared with ``q`` in their log-normal model: surely slower when
 (``c`` = ``health.certainty``, ``n_p`` the median answer count of the group's hosts,
 ``s_m`` and ``s_q`` the cluster's log-spread ``s`` with the latency factor's floor for the
 client's own jitter at ``m`` and ``q``: a probe's round trip is measured by the same busy
-client, :func:`adaptive_lb.latency_factor.jitter_spread`).
+client, :func:`adaptive_lb.latency_factor.floored_spread`).
 
 **How much slower, for a user request.** What slows a probe down on a busy node -- the
 queue it waits in, the network -- adds to a user request the same way, in seconds, not as
