@@ -16,7 +16,13 @@ import pytest
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config, instrument
-from adaptive_lb.config import HealthConfig, PolicyConfig, ServerLoadConfig, TrackingConfig
+from adaptive_lb.config import (
+    HealthConfig,
+    LatencyFactorConfig,
+    PolicyConfig,
+    ServerLoadConfig,
+    TrackingConfig,
+)
 from adaptive_lb.server_load import THREAD_POOLS_QUERY
 from tests.integration.simulacron import Simulacron
 
@@ -35,10 +41,19 @@ POOL_TYPES = {
 # equally near on loopback, see test_adaptive_simulacron).
 # Every request tracked (samples_per_host 0), so that user counts compare exactly with the
 # attempts the test saw: the reads must be in none of them.
+# Server load alone moves traffic here: six closed-loop clients saturate two shared cores,
+# and then one equal node's answers now and then wait in the client for tens of ms (CI:
+# 149 of 1,997 attempts; with two busy processes beside it, 3 of 5 runs judged a node SLOW
+# by p99, 1 of 6 by p50). No SLOW verdict (outlier factor 100) and no latency factor (cap 1)
+# keep those judgements, tested elsewhere, out of these counts.
 FAST = Config(
     policy=PolicyConfig(local_rack=None),
     tracking=TrackingConfig(samples_per_host=0),
-    health=HealthConfig(server_load=ServerLoadConfig(interval=0.5, half_life=0.5)),
+    health=HealthConfig(
+        outlier_factor=100.0,
+        latency_factor=LatencyFactorConfig(cap=1.0),
+        server_load=ServerLoadConfig(interval=0.5, half_life=0.5),
+    ),
 )
 
 
@@ -123,11 +138,13 @@ def test_without_thread_pools_each_host_is_read_once_and_nothing_changes(driver_
     total = sum(counts.values())
     reads = [s.load.sent for s in stats.values()]
     print(f"\nunprimed thread_pools: attempts {dict(counts)}, reads {reads}")
+    health = {h.address: (h.health_state, h.health_penalty) for h in policy.snapshot().hosts}
+    print(f"health {health}")
     for address, host in stats.items():
         assert host.load.sent == 1, address  # remembered: never asked again
         assert host.server_load == 1.0
         assert "no thread pools" in host.load.unsupported_reason
-        assert counts[address] > 0.2 * total, counts
+        assert counts[address] > 0.2 * total, (counts, health)
         assert host.requests_total == counts[address]  # the read is no user request
     snapshot = {h.address: h for h in policy.snapshot().hosts}
     assert {h.server_load_source for h in snapshot.values()} == {
