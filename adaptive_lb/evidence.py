@@ -24,6 +24,16 @@ large enough that few answers settle it:
   (``health.latency_factor.jitter``, :func:`adaptive_lb.latency_factor.floored_spread`):
   on a steady cluster (``s`` 0.2) a host at 3 ms among peers at 1.2 ms needs 24 answers,
   not 12: 1 ms of the client's own noise on a few answers would look the same.
+* **Slow, by the tail.** From ``min_samples`` answers the tail rule judges a host by its
+  latency at ``percentile`` (p99) against ``outlier_factor`` x its peers'. Over ``n``
+  answers p99 rests on the ``n * 0.01`` slowest: at 128 answers, on the second slowest.
+  A stall of the client's own (a garbage collection, a starved process) delays every
+  request in flight at that moment, whichever host it went to: the host that happened to
+  have two of them in flight shows the stall as its p99, its peers with one each do not.
+  So the tail too must rest on :data:`MIN_EVIDENCE` answers: the host's latency at
+  ``100 * (n - 2) / n`` (its third slowest answer) must be above the threshold as well,
+  when that is below ``percentile`` (:func:`support_percentile`; p99 from 300 answers on
+  rests on 3 by itself).
 * **Erroring.** The error rate's lower confidence bound (Wilson's score interval,
   ``certainty`` standard deviations) above ``health.error_rate``: 4 failures in 4
   requests are enough, 5 in 10 are not (:func:`error_rate_lower_bound`).
@@ -53,6 +63,7 @@ __all__ = [
     "latency_spread",
     "samples_needed",
     "slow_by_evidence",
+    "support_percentile",
     "typical_samples",
 ]
 
@@ -98,6 +109,16 @@ def samples_needed(
         return math.inf
     margin = math.log(ratio / outlier_factor)
     return max(float(least), (certainty * _MEDIAN_SE * spread / margin) ** 2)
+
+
+def support_percentile(samples: int, config: HealthConfig) -> float | None:
+    """The percentile at which a host's latency over ``samples`` answers must also be above
+    the SLOW threshold, so that the tail rule rests on :data:`MIN_EVIDENCE` answers (see
+    the module docstring): ``100 * (samples - MIN_EVIDENCE + 1) / samples``, at most
+    ``health.percentile``. None with fewer than :data:`MIN_EVIDENCE` answers."""
+    if samples < MIN_EVIDENCE:
+        return None
+    return min(float(config.percentile), 100.0 * (samples - MIN_EVIDENCE + 1) / samples)
 
 
 def error_rate_lower_bound(failures: int, requests: int, certainty: float) -> float:

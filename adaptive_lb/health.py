@@ -27,7 +27,7 @@ from attrs import define
 
 from adaptive_lb.clock import Clock
 from adaptive_lb.config import HealthConfig
-from adaptive_lb.evidence import MIN_EVIDENCE, latency_spread, typical_samples
+from adaptive_lb.evidence import MIN_EVIDENCE, latency_spread, support_percentile, typical_samples
 from adaptive_lb.health_rules import assess
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.health_verdict import HostHealth, warming_penalty
@@ -255,7 +255,10 @@ class HealthModel:
         self._next_refresh_ns = self._clock.now_ns() + round(config.refresh_interval * _NS)
         percentiles = sorted({*_REPORTED_PERCENTILES, float(config.percentile)})
         # The expensive part (percentiles), with no lock the hot path or mark_up wait for.
-        windows = {key: host.window_stats(percentiles) for key, host in stats.items()}
+        windows = {
+            key: host.window_stats(percentiles, lambda n: support_percentile(n, config))
+            for key, host in stats.items()
+        }
         now = self._clock.now_ns()
         distances = thin_distances = None
         if racks is not None:

@@ -18,8 +18,12 @@ States (:class:`HealthState`):
   same percentile among its peers (the other hosts at a comparable distance from this
   client that have ``min_samples``: its rack, else its datacenter corrected by each rack's
   measured distance; see :mod:`adaptive_lb.peer_groups`) *and* above ``slow_floor``, over
-  at least ``min_samples`` samples. Penalty ``penalties.slow``. A host without peers that
-  have data cannot be judged SLOW: there is nothing to be an outlier against.
+  at least ``min_samples`` samples, *and* with at least three answers above that
+  threshold (its latency at :func:`~adaptive_lb.evidence.support_percentile` is above it
+  too: a stall of the client's own that caught two of its requests is no tail). Penalty
+  ``penalties.slow``.
+  A host without peers that have data cannot be judged SLOW: there is nothing to be an
+  outlier against.
 * ERRORING -- (errors + timeouts) / requests above ``error_rate`` over at least
   ``min_samples`` requests; or *stalled*: requests in flight on it and not one answer (a
   timeout is not an answer) for ``stall_timeout``. Wins over SLOW. Penalty
@@ -80,6 +84,7 @@ from adaptive_lb.evidence import (
     MIN_EVIDENCE,
     erroring_by_evidence,
     slow_by_evidence,
+    support_percentile,
 )
 from adaptive_lb.health_return import (
     CLEAN_STREAK,
@@ -122,7 +127,9 @@ def assess(
     """The next verdict for a host; a pure function (see the module docstring for the
     rules).
 
-    ``window`` must hold the latency at ``config.percentile``. ``peer_median`` is the median
+    ``window`` must hold the latency at ``config.percentile`` and at
+    :func:`~adaptive_lb.evidence.support_percentile` of its sample count (without it the
+    tail rule judges nothing). ``peer_median`` is the median
     of the peers' latency at that percentile (None when no peer has ``min_samples``: then
     the host cannot be SLOW). ``window_s`` is the statistics window's length: after that
     long in SLOW / ERRORING without ``min_samples`` of fresh evidence a host starts WARMING.
@@ -149,8 +156,16 @@ def assess(
     # The evidence rules judge hosts the tail rules cannot yet (fewer than min_samples).
     errors_why = None if enough_requests else erroring_by_evidence(window, config)
     erroring = tail_errors or errors_why is not None
+    # The tail must rest on MIN_EVIDENCE answers too (adaptive_lb.evidence).
+    support_at = support_percentile(window.samples, config)
+    support = None if support_at is None else window.latency.get(support_at)
     tail_slow = (
-        enough_samples and threshold is not None and latency is not None and latency > threshold
+        enough_samples
+        and threshold is not None
+        and latency is not None
+        and latency > threshold
+        and support is not None
+        and support > threshold
     )
     returned_ns = previous.evidence.returned_ns
     relapsing = (
@@ -230,7 +245,8 @@ def assess(
             return slow_why
         return (
             f"{pct} {_s(latency)} > {config.outlier_factor:.1f} x peer median "
-            f"{_s(peer_median)} (floor {_s(config.slow_floor)}), {window.samples} samples"
+            f"{_s(peer_median)} (floor {_s(config.slow_floor)}), {window.samples} samples, "
+            f"p{support_at:.3g} {_s(support)} too"
         )
 
     # Getting worse: at once.

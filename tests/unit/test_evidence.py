@@ -21,6 +21,7 @@ from adaptive_lb.evidence import (
     latency_spread,
     samples_needed,
     slow_by_evidence,
+    support_percentile,
 )
 from adaptive_lb.health import HealthModel, HealthState
 from adaptive_lb.stats import HostStats, WindowStats
@@ -151,3 +152,32 @@ def test_ten_requests_a_second_to_equal_nodes_make_no_verdict(seed):
     for _ in range(30):
         thin.second({})
         assert {thin.state(key) for key in thin.stats} == {HealthState.HEALTHY}
+
+
+@pytest.mark.parametrize(
+    ("samples", "expected"),
+    [(2, None), (3, 33.33), (50, 96.0), (128, 98.44), (299, 99.0), (300, 99.0), (5000, 99.0)],
+)
+def test_the_tail_rests_on_three_answers(samples, expected):
+    """The p99's support: the third slowest answer, until p99 rests on three by itself."""
+    support = support_percentile(samples, CONFIG)
+    assert support == (None if expected is None else pytest.approx(expected, abs=0.01))
+
+
+@pytest.mark.parametrize(("slow", "judged"), [(2, False), (3, True)])
+def test_a_client_stall_on_two_answers_is_no_tail(slow, judged):
+    """128 answers at 5 ms, peers' too, and ``slow`` of them caught by a 150 ms stall: the
+    p99 is 150 ms either way, but two answers are not a tail (health_rules)."""
+    clock = ManualClock(0)
+    stats = {k: HostStats(TrackingConfig(), clock) for k in ("h0", "h1", "h2")}
+    for key, host in stats.items():
+        caught = slow if key == "h0" else 1
+        for i in range(128):
+            host.on_send()
+            host.on_success((150 if i < caught else 5) * MS)
+    model = HealthModel(CONFIG, clock)
+    model.refresh(stats, dict.fromkeys(stats, "dc1"))
+    health = model.health("h0")
+    assert health is not None
+    assert model.window_stats("h0").latency[99.0] == pytest.approx(0.150, rel=0.01)
+    assert (health.state is HealthState.SLOW) is judged, health.reason

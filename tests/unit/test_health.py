@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from adaptive_lb import health, health_rules, health_verdict, peer_groups
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, HealthPenalties, TrackingConfig
-from adaptive_lb.evidence import MIN_EVIDENCE, error_rate_lower_bound
+from adaptive_lb.evidence import MIN_EVIDENCE, error_rate_lower_bound, support_percentile
 from adaptive_lb.health import (
     HealthModel,
     HealthState,
@@ -86,14 +86,18 @@ def window(
     errors: int = 0,
     percentile: float = 99.0,
 ) -> WindowStats:
+    """A window whose tail is all at ``latency``: at ``percentile`` and at the percentile
+    that supports it (adaptive_lb.evidence.support_percentile)."""
     requests = samples + errors if requests is None else requests
+    support = support_percentile(samples, HealthConfig(percentile=percentile))
+    tail = {} if support is None else {support: latency}
     return WindowStats(
         requests=requests,
         successes=requests - errors,
         errors=errors,
         timeouts=0,
         samples=samples,
-        latency={percentile: latency},
+        latency={**tail, percentile: latency},
     )
 
 
@@ -145,12 +149,14 @@ def test_slow_host_recovers_through_warming_after_the_window():
 
 
 def test_the_tail_rule_needs_min_samples_a_clear_gap_needs_a_few():
-    """The p99 rule judges from ``min_samples`` (50); a host slow at its median is judged
-    from as few answers as the gap allows (adaptive_lb.evidence), never fewer than 3."""
+    """The p99 rule judges from ``min_samples`` (50), on a tail of 3 answers at least; a
+    host slow at its median is judged from as few answers as the gap allows
+    (adaptive_lb.evidence), never fewer than 3."""
     clusters = {}
     for name, latencies in {
-        "tail, 49": [5.0] * 47 + [500.0] * 2,  # p99 500 ms, median 5 ms
-        "tail, 50": [5.0] * 48 + [500.0] * 2,
+        "tail, 49": [5.0] * 46 + [500.0] * 3,  # p99 500 ms, median 5 ms
+        "tail of 2, 50": [5.0] * 48 + [500.0] * 2,  # p99 is the 2nd slowest: no support
+        "tail, 50": [5.0] * 47 + [500.0] * 3,
         "median, 2": [500.0] * 2,
         "median, 3": [500.0] * 3,
     }.items():
@@ -162,8 +168,10 @@ def test_the_tail_rule_needs_min_samples_a_clear_gap_needs_a_few():
             fresh.on_success(int(latency_ms * MS))
         cluster.refresh()
     assert clusters["tail, 49"].state("h0") is HEALTHY
+    assert clusters["tail of 2, 50"].state("h0") is HEALTHY
     assert clusters["tail, 50"].state("h0") is SLOW
     assert "p99" in clusters["tail, 50"].model.health("h0").reason
+    assert "50 samples, p96 0.5" in clusters["tail, 50"].model.health("h0").reason
     assert clusters["median, 2"].state("h0") is HEALTHY
     assert clusters["median, 3"].state("h0") is SLOW
     assert "x peer median 0.0050s, 3 samples" in clusters["median, 3"].model.health("h0").reason
@@ -824,10 +832,10 @@ class BlockingStats(HostStats):
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def window_stats(self, percentiles=(50.0, 95.0, 99.0)) -> WindowStats:
+    def window_stats(self, percentiles=(50.0, 95.0, 99.0), more=None) -> WindowStats:
         self.entered.set()
         assert self.release.wait(10.0)
-        return super().window_stats(percentiles)
+        return super().window_stats(percentiles, more)
 
 
 def start_blocked_refresh(c: Cluster, key: str = "h0") -> tuple[threading.Thread, BlockingStats]:
@@ -874,7 +882,8 @@ def test_window_stats_are_kept_from_the_last_refresh():
     c.refresh()
     kept = c.model.window_stats("h0")
     assert kept is not None and kept.samples == 100
-    assert set(kept.latency) == {10.0, 50.0, 95.0, 99.0}
+    # ...and the percentile the p99's support is read at (its third slowest of 100).
+    assert set(kept.latency) == {10.0, 50.0, 95.0, 98.0, 99.0}
     c.feed("h0", 5.0, 10)
     assert c.model.window_stats("h0") is kept  # no recomputation until the next refresh
 
