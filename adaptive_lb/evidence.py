@@ -26,13 +26,13 @@ large enough that few answers settle it:
   not 12: 1 ms of the client's own noise on a few answers would look the same.
 * **Slow, by the tail.** From ``min_samples`` answers the tail rule judges a host by its
   latency at ``percentile`` (p99) against ``outlier_factor`` x its peers'. Over ``n``
-  answers p99 rests on the ``n * 0.01`` slowest: at 128 answers, on the second slowest.
+  answers p99 is the ``n // 100 + 1``-th slowest: at 128 answers, the second slowest.
   A stall of the client's own (a garbage collection, a starved process) delays every
   request in flight at that moment, whichever host it went to: the host that happened to
   have two of them in flight shows the stall as its p99, its peers with one each do not.
   So the tail too must rest on :data:`MIN_EVIDENCE` answers: the host's latency at
   ``100 * (n - 2) / n`` (its third slowest answer) must be above the threshold as well,
-  when that is below ``percentile`` (:func:`support_percentile`; p99 from 300 answers on
+  when that is below ``percentile`` (:func:`support_percentile`; p99 from 200 answers on
   rests on 3 by itself).
 * **Erroring.** The error rate's lower confidence bound (Wilson's score interval,
   ``certainty`` standard deviations) above ``health.error_rate``: 4 failures in 4
