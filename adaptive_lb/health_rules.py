@@ -243,11 +243,13 @@ def assess(
     def slow_reason() -> str:
         if slow_why is not None:
             return slow_why
-        return (
+        why = (
             f"{pct} {_s(latency)} > {config.outlier_factor:.1f} x peer median "
-            f"{_s(peer_median)} (floor {_s(config.slow_floor)}), {window.samples} samples, "
-            f"p{support_at:.3g} {_s(support)} too"
+            f"{_s(peer_median)} (floor {_s(config.slow_floor)}), {window.samples} samples"
         )
+        if support_at is not None and support_at < config.percentile:
+            why += f", p{support_at:.3g} {_s(support)} too"  # a check of its own
+        return why
 
     # Getting worse: at once.
     if stalled and state is not HealthState.ERRORING:

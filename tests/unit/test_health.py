@@ -7,6 +7,7 @@ import inspect
 import itertools
 import logging
 import random
+import re
 import threading
 from collections.abc import Hashable
 
@@ -175,6 +176,19 @@ def test_the_tail_rule_needs_min_samples_a_clear_gap_needs_a_few():
     assert clusters["median, 2"].state("h0") is HEALTHY
     assert clusters["median, 3"].state("h0") is SLOW
     assert "x peer median 0.0050s, 3 samples" in clusters["median, 3"].model.health("h0").reason
+
+
+def test_the_reason_names_the_support_only_when_it_is_a_check_of_its_own():
+    """Below 200 answers the third slowest is read apart from p99; from 200, p99 is it."""
+    reasons = {}
+    for samples in (100, 200):
+        c = Cluster()
+        c.feed_all(5.0, samples, h0=50.0)
+        c.refresh()
+        assert c.state("h0") is SLOW
+        reasons[samples] = c.model.health("h0").reason
+    assert re.search(r", 100 samples, p98 0\.05\d+s too$", reasons[100]), reasons[100]
+    assert reasons[200].endswith("200 samples"), reasons[200]
 
 
 def test_slow_floor_protects_fast_hosts():
