@@ -31,6 +31,7 @@ from adaptive_lb.evidence import MIN_EVIDENCE, latency_spread, support_percentil
 from adaptive_lb.health_rules import assess
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.health_verdict import HostHealth, warming_penalty
+from adaptive_lb.lateness import ClientLateness
 from adaptive_lb.locality import RackDistances, RackKey
 from adaptive_lb.peer_groups import peer_median, peer_medians
 from adaptive_lb.probe_latency import still_slow_hosts
@@ -74,10 +75,16 @@ class HealthModel:
     called from other threads at any moment (a refresh in progress does not undo them).
     """
 
-    def __init__(self, config: HealthConfig, clock: Clock, window_s: float = 10.0) -> None:
+    def __init__(
+        self, config: HealthConfig, clock: Clock, window_s: float = 10.0, intervals: int = 5
+    ) -> None:
         self._config = config
         self._clock = clock
         self._window_s = window_s
+        self._intervals = intervals
+        self.lateness = ClientLateness(window_s, intervals)
+        """How late the client's own timer fires, over the statistics window (fed by the
+        refresh thread, or the simulator): what the client itself may add to an answer."""
         self._health: dict[Hashable, HostHealth] = {}
         self._windows: dict[Hashable, WindowStats] = {}
         self._unreported: dict[Hashable, HealthTransition] = {}
@@ -117,12 +124,19 @@ class HealthModel:
         """The clock verdicts are timed with."""
         return self._clock
 
-    def reconfigure(self, config: HealthConfig, window_s: float | None = None) -> None:
-        """Use new thresholds and penalties (and statistics window length) from the next
-        refresh on; current verdicts stay."""
+    def reconfigure(
+        self, config: HealthConfig, window_s: float | None = None, intervals: int | None = None
+    ) -> None:
+        """Use new thresholds and penalties (and statistics window length and intervals) from
+        the next refresh on; current verdicts stay."""
         self._config = config
-        if window_s is not None:
-            self._window_s = window_s
+        if (window_s, intervals) != (None, None) and (window_s, intervals) != (
+            self._window_s,
+            self._intervals,
+        ):
+            self._window_s = self._window_s if window_s is None else window_s
+            self._intervals = self._intervals if intervals is None else intervals
+            self.lateness.reconfigure(self._window_s, self._intervals)
 
     def health(self, key: Hashable) -> HostHealth | None:
         """The last verdict for ``key``."""

@@ -110,8 +110,9 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy, PolicyControls):
         logged at most once a minute per stage."""
         self.stats = StatsRegistry(self._config.tracking, self._clock)
         """Per-host live statistics (in-flight, latency window, health penalty)."""
+        tracking = self._config.tracking
         self.health = HealthModel(
-            self._config.health, self._clock, window_s=self._config.tracking.window
+            self._config.health, self._clock, tracking.window, tracking.intervals
         )
         """Turns the statistics into health states and penalties (see :meth:`refresh_health`)."""
         base = self._chain.base

@@ -295,7 +295,9 @@ class PolicyControls:
                 != config.tracking
             )
             if old.health != config.health or window_changed:
-                self.health.reconfigure(config.health, window_s=config.tracking.window)
+                self.health.reconfigure(
+                    config.health, config.tracking.window, config.tracking.intervals
+                )
             if window_changed:
                 self.stats.reconfigure(config.tracking)
             if old.tracing != config.tracing or old.privacy != config.privacy:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 import statistics
 import threading
+import time
 import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
@@ -234,18 +235,24 @@ class HealthRefresher(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
+        late_s = 0.0
         while True:
             policy = self._policy()
             if policy is None:
                 return
             interval = policy.config.health.refresh_interval
             try:
+                # How late this thread woke is how late the client handles anything now
+                # (adaptive_lb.lateness): its answers too.
+                policy.health.lateness.observe(policy.now_ns(), late_s)
                 policy.maybe_refresh_health()
             except Exception:
                 policy.record_error("health_refresh", "the last health verdicts stay")
             del policy
+            started = time.monotonic()
             if self._stop_event.wait(interval):
                 return
+            late_s = time.monotonic() - started - interval
 
     def stop(self) -> None:
         """Ask the thread to end and wait for it."""
