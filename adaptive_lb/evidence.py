@@ -46,6 +46,7 @@ Imports the config, the statistics and the jitter floor of :mod:`adaptive_lb.lat
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Hashable, Iterable, Mapping
@@ -58,12 +59,15 @@ __all__ = [
     "DEFAULT_SPREAD",
     "MIN_EVIDENCE",
     "MIN_SPREAD",
+    "body_percentile",
     "error_rate_lower_bound",
     "erroring_by_evidence",
+    "false_alarm",
     "latency_spread",
     "samples_needed",
     "slow_by_evidence",
-    "support_percentile",
+    "tail_percentiles",
+    "tail_ranks",
     "typical_samples",
 ]
 
@@ -76,6 +80,8 @@ DEFAULT_SPREAD = 0.5
 MIN_SPREAD = 0.2
 """The least log-spread assumed: a cluster measured steadier than this (p95 < 1.4 x p50)
 still needs a few answers, not one."""
+BODY_SHARE = 10.0
+"""How many times the tail's share of answers a host's body holds (:func:`body_percentile`)."""
 SPREAD_SAMPLES = 10
 """Answers a host needs before its p95 / p50 counts in :func:`latency_spread`."""
 _MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median / of a mean (normal)
@@ -111,14 +117,74 @@ def samples_needed(
     return max(float(least), (certainty * _MEDIAN_SE * spread / margin) ** 2)
 
 
-def support_percentile(samples: int, config: HealthConfig) -> float | None:
-    """The percentile at which a host's latency over ``samples`` answers must also be above
-    the SLOW threshold, so that the tail rule rests on :data:`MIN_EVIDENCE` answers (see
-    the module docstring): ``100 * (samples - MIN_EVIDENCE + 1) / samples``, at most
-    ``health.percentile``. None with fewer than :data:`MIN_EVIDENCE` answers."""
+def false_alarm(certainty: float) -> float:
+    """The one-sided false-alarm probability of a test at ``certainty`` standard deviations
+    (``health.certainty`` 3: 0.00135), the ``alpha`` of :func:`tail_ranks`."""
+    return 0.5 * math.erfc(certainty / math.sqrt(2.0))
+
+
+@functools.lru_cache(maxsize=4096)
+def tail_ranks(samples: int, percentile: float, alpha: float) -> tuple[int, int]:
+    """``(low, high)``: how many of ``samples`` answers lie at or above the order statistics
+    that bound the ``percentile`` quantile from below and from above, each with confidence
+    ``1 - alpha`` (distribution-free: the count of answers above the true quantile is
+    Binomial(samples, q), ``q = 1 - percentile / 100``). ``low`` is the smallest count ``k``
+    with ``P(Binomial >= k) <= alpha``: the ``low``-th slowest answer is below the true
+    quantile with probability ``1 - alpha``, so when it is slow the quantile is slow. ``high``
+    is the largest ``k`` with ``P(Binomial < k) <= alpha`` (at least 1: the slowest answer),
+    the ``high``-th slowest answer then lies above the quantile. With ``alpha`` 0.00135: p99
+    of 50 answers lies above the 5th slowest and below the slowest; of 1,000, between the
+    22nd slowest and the 2nd."""
+    q = max(0.0, min(1.0, 1.0 - percentile / 100.0))
+    if samples <= 0 or q <= 0.0:
+        return samples + 1, 1
+    if q >= 1.0:
+        return 1, samples
+    log_ratio = math.log(q) - math.log1p(-q)
+    log_pmf = samples * math.log1p(-q)  # P(Binomial = 0)
+    below = 0.0  # P(Binomial < k)
+    high = 1
+    for k in range(samples + 1):
+        pmf = math.exp(log_pmf)
+        if below + pmf <= alpha:
+            high = max(1, k + 1)
+        below += pmf
+        if 1.0 - below <= alpha:  # P(Binomial >= k + 1) <= alpha
+            return k + 1, high
+        log_pmf += log_ratio + math.log(samples - k) - math.log(k + 1) if k < samples else 0.0
+    return samples + 1, high
+
+
+def body_percentile(percentile: float) -> float:
+    """The percentile of a host's *body*: ten times as many answers above it as above
+    ``percentile`` (p90 for p99, at least p50). A host whose body is surely above the tail's
+    threshold is slow through and through, not in its tail only, and a burst of the
+    client's own lateness does not reach a tenth of one host's answers in a window without
+    reaching its peers'."""
+    return max(50.0, 100.0 - BODY_SHARE * (100.0 - percentile))
+
+
+def tail_percentiles(samples: int, config: HealthConfig) -> tuple[float, float, float] | None:
+    """The percentiles of a window of ``samples`` answers at which the lower and upper
+    confidence bounds of its latency at ``health.percentile`` lie, and the lower bound at
+    :func:`body_percentile` (:func:`tail_ranks` at :func:`false_alarm` of
+    ``health.certainty``), as a histogram reads them; None with fewer than
+    :data:`MIN_EVIDENCE` answers, or when the tail's lower bound would need more answers
+    above it than the window holds."""
     if samples < MIN_EVIDENCE:
         return None
-    return min(float(config.percentile), 100.0 * (samples - MIN_EVIDENCE + 1) / samples)
+    alpha = false_alarm(config.certainty)
+    low, high = tail_ranks(samples, float(config.percentile), alpha)
+    body, _ = tail_ranks(samples, body_percentile(float(config.percentile)), alpha)
+    low = max(low, MIN_EVIDENCE)
+    if low > samples:
+        return None
+    body = min(max(body, low), samples)
+
+    def at(rank: int) -> float:
+        return 100.0 * (samples - rank + 1) / samples
+
+    return at(low), at(high), at(body)
 
 
 def error_rate_lower_bound(failures: int, requests: int, certainty: float) -> float:

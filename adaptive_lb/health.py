@@ -23,11 +23,11 @@ import threading
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from attrs import define
+from attrs import define, evolve
 
 from adaptive_lb.clock import Clock
 from adaptive_lb.config import HealthConfig
-from adaptive_lb.evidence import MIN_EVIDENCE, latency_spread, support_percentile, typical_samples
+from adaptive_lb.evidence import MIN_EVIDENCE, latency_spread, tail_percentiles, typical_samples
 from adaptive_lb.health_rules import assess
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.health_verdict import HostHealth, warming_penalty
@@ -270,7 +270,7 @@ class HealthModel:
         percentiles = sorted({*_REPORTED_PERCENTILES, float(config.percentile)})
         # The expensive part (percentiles), with no lock the hot path or mark_up wait for.
         windows = {
-            key: host.window_stats(percentiles, lambda n: support_percentile(n, config))
+            key: host.window_stats(percentiles, lambda n: tail_percentiles(n, config))
             for key, host in stats.items()
         }
         now = self._clock.now_ns()
@@ -281,6 +281,12 @@ class HealthModel:
             distances = self.rack_distances.distances
             thin_distances = self.thin_rack_distances.distances
         medians = peer_medians(windows, groups, config, racks, distances)
+        # The peers' upper confidence bounds of the same percentile: a host's tail must be
+        # above what its peers' tails could be, not only above their estimate.
+        bounds = peer_medians(_upper_bounds(windows, config), groups, config, racks, distances)
+        lateness_s = self.lateness.high(now)
+        # Two disjoint windows: the window's length and one interval (it rotates by those).
+        persist_s = window_s * (1.0 + 1.0 / max(1, self._intervals))
         # For the evidence rules (adaptive_lb.evidence): medians of hosts with a few answers.
         typical = peer_medians(
             windows, groups, config, racks, thin_distances, 50.0, MIN_EVIDENCE, strict=True
@@ -319,6 +325,9 @@ class HealthModel:
                     peer_typical=typical[key],
                     spread=spread,
                     probe_slow=probe_slow.get(key),
+                    peer_bound=bounds[key],
+                    lateness_s=lateness_s,
+                    persist_s=persist_s,
                 )
                 if probing:
                     new = judge(
@@ -340,6 +349,7 @@ class HealthModel:
                         spread,
                         latency_config,
                         key in probe_slow,
+                        new.suspect_ratio,
                     )
                 host.latency_factor = latency.factor
                 if new.probe is None:
@@ -418,3 +428,18 @@ class HealthModel:
             new.penalty,
             new.reason,
         )
+
+
+def _upper_bounds(
+    windows: Mapping[Hashable, WindowStats], config: HealthConfig
+) -> dict[Hashable, WindowStats]:
+    """Each window with its latency at ``health.percentile`` replaced by that percentile's
+    upper confidence bound (:func:`~adaptive_lb.evidence.tail_percentiles`; None without
+    one), for :func:`~adaptive_lb.peer_groups.peer_medians`."""
+    percentile = float(config.percentile)
+    upper = {}
+    for key, window in windows.items():
+        bounds = tail_percentiles(window.samples, config)
+        value = None if bounds is None else window.latency.get(bounds[1])
+        upper[key] = evolve(window, latency={percentile: value})
+    return upper

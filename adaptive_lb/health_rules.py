@@ -84,7 +84,7 @@ from adaptive_lb.evidence import (
     MIN_EVIDENCE,
     erroring_by_evidence,
     slow_by_evidence,
-    support_percentile,
+    tail_percentiles,
 )
 from adaptive_lb.health_return import (
     CLEAN_STREAK,
@@ -123,6 +123,9 @@ def assess(
     peer_typical: float | None = None,
     spread: float = DEFAULT_SPREAD,
     probe_slow: str | None = None,
+    peer_bound: float | None = None,
+    lateness_s: float = 0.0,
+    persist_s: float | None = None,
 ) -> HostHealth:
     """The next verdict for a host; a pure function (see the module docstring for the
     rules).
@@ -148,25 +151,37 @@ def assess(
     error_rate = window.error_rate
     enough_requests = window.requests >= config.min_samples
     enough_samples = window.samples >= config.min_samples and latency is not None
+    # The tail's threshold: outlier_factor x the peers' estimate and above the peers' own
+    # upper confidence bound, plus what the client itself may have added to any answer.
     threshold = (
-        None if peer_median is None else max(config.outlier_factor * peer_median, config.slow_floor)
+        None
+        if peer_median is None
+        else max(config.outlier_factor * peer_median, peer_bound or 0.0, config.slow_floor)
+        + lateness_s
     )
     stalled = 0 < config.stall_timeout <= stalled_s
     tail_errors = enough_requests and error_rate > config.error_rate
     # The evidence rules judge hosts the tail rules cannot yet (fewer than min_samples).
     errors_why = None if enough_requests else erroring_by_evidence(window, config)
     erroring = tail_errors or errors_why is not None
-    # The tail must rest on MIN_EVIDENCE answers too (adaptive_lb.evidence).
-    support_at = support_percentile(window.samples, config)
-    support = None if support_at is None else window.latency.get(support_at)
-    tail_slow = (
-        enough_samples
-        and threshold is not None
-        and latency is not None
-        and latency > threshold
-        and support is not None
-        and support > threshold
+    # The tail's lower confidence bound (adaptive_lb.evidence.tail_percentiles) above the
+    # threshold, at every refresh for two disjoint windows (persist_s): a burst of the
+    # client's own lateness leaves the window before that.
+    bounds = tail_percentiles(window.samples, config)
+    tail_low = None if bounds is None else window.latency.get(bounds[0])
+    tail_gap = (
+        enough_samples and threshold is not None and tail_low is not None and tail_low > threshold
     )
+    # Its body above the threshold too (adaptive_lb.evidence.body_percentile): no burst of
+    # the client's own does that; judged at once.
+    body_low = None if bounds is None else window.latency.get(bounds[2])
+    body_slow = tail_gap and body_low is not None and threshold is not None and body_low > threshold
+    suspect_since = None
+    if tail_gap:
+        suspect_since = now_ns if previous.suspect_since_ns is None else previous.suspect_since_ns
+    persist_ns = round((window_s if persist_s is None else persist_s) * _NS)
+    suspect_ratio = tail_low / threshold if tail_gap and tail_low and threshold else None
+    tail_slow = body_slow or (suspect_since is not None and now_ns - suspect_since >= persist_ns)
     returned_ns = previous.evidence.returned_ns
     relapsing = (
         previous.state is HealthState.WARMING
@@ -174,9 +189,9 @@ def assess(
         and now_ns - returned_ns < RELAPSE_WINDOWS * window_s * _NS
     )
     least = 1 if relapsing else MIN_EVIDENCE  # just back from SLOW: one clear answer will do
-    slow_why = (
-        None if enough_samples else slow_by_evidence(window, peer_typical, spread, config, least)
-    )
+    # The median against the peers' (adaptive_lb.evidence) at any sample count: a host
+    # slower through and through is judged at once, from as few answers as settle it.
+    slow_why = slow_by_evidence(window, peer_typical, spread, config, least)
     slow = tail_slow or slow_why is not None
     state = previous.state
     in_state_s = (now_ns - previous.since_ns) / _NS
@@ -212,6 +227,8 @@ def assess(
             evidence=new_evidence,
             probe=probe,
             warm_up_s=warm_up,
+            suspect_since_ns=suspect_since,
+            suspect_ratio=suspect_ratio,
         )
 
     def hold(penalty: float, probe: Probe | None = None) -> HostHealth:
@@ -243,13 +260,16 @@ def assess(
     def slow_reason() -> str:
         if slow_why is not None:
             return slow_why
+        held_s = 0.0 if suspect_since is None else (now_ns - suspect_since) / _NS
         why = (
-            f"{pct} {_s(latency)} > {config.outlier_factor:.1f} x peer median "
-            f"{_s(peer_median)} (floor {_s(config.slow_floor)}), {window.samples} samples"
+            f"{pct} at least {_s(tail_low)} > {_s(threshold)} = max({config.outlier_factor:.1f}"
+            f" x peer median {_s(peer_median)}, peer bound {_s(peer_bound)}, floor "
+            f"{_s(config.slow_floor)}) + client lateness {_s(lateness_s)}, "
+            f"{window.samples} samples, "
         )
-        if support_at is not None and support_at < config.percentile:
-            why += f", p{support_at:.3g} {_s(support)} too"  # a check of its own
-        return why
+        if body_slow and bounds is not None:
+            return why + f"p{bounds[2]:.3g} at least {_s(body_low)} too"
+        return why + f"for {held_s:.1f}s"
 
     # Getting worse: at once.
     if stalled and state is not HealthState.ERRORING:
@@ -357,7 +377,7 @@ def assess(
         if enough_samples and latency is not None:
             if threshold is None:
                 return warming(f"no peer latency to compare {pct} {_s(latency)} with")
-            if latency < config.recovery_factor * threshold:
+            if latency < config.recovery_factor * threshold and slow_why is None:
                 return warming(
                     f"recovered: {pct} {_s(latency)} < {config.recovery_factor:g} x "
                     f"{_s(threshold)} (peer median {_s(peer_median)}), "

@@ -54,6 +54,13 @@ class HostHealth:
     warm_up_s: float | None = None
     """How long this WARMING host's warm-up lasts (None: ``slow_start``; shorter after a
     stall, see :func:`~adaptive_lb.health_return.warm_up_s`)."""
+    suspect_since_ns: int | None = None
+    """Since when the lower confidence bound of its tail has been above the SLOW threshold
+    at every refresh (None: it is not): a tail-only verdict needs it to persist across two
+    disjoint windows (:mod:`adaptive_lb.health_rules`)."""
+    suspect_ratio: float | None = None
+    """That bound over the threshold at this refresh (None: not above it): the latency
+    factor's floor while the suspicion persists (:mod:`adaptive_lb.latency_factor`)."""
 
     @classmethod
     def initial(cls, now_ns: int, config: HealthConfig) -> HostHealth:

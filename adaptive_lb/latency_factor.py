@@ -191,11 +191,16 @@ class LatencyRecord:
         spread: float,
         config: LatencyFactorConfig,
         held: bool = False,
+        suspect_ratio: float | None = None,
     ) -> float:
         """Fold the host's window at ``now_ns`` (its median ``median_s`` over ``samples``
         answers, against its peers' ``peer_s`` from about ``peer_samples`` answers a host)
         into the envelope; the new factor. ``held``: its probes say it is still clearly
-        slow (:mod:`adaptive_lb.probe_latency`): the envelope does not decay meanwhile."""
+        slow (:mod:`adaptive_lb.probe_latency`): the envelope does not decay meanwhile.
+        ``suspect_ratio``: how far its tail's lower confidence bound is above the SLOW
+        threshold while that has not persisted long enough for a verdict
+        (:mod:`adaptive_lb.health_rules`): the factor is at least that ratio meanwhile, the
+        ramp before the verdict."""
         bounds: tuple[float, float] | None = None
         if median_s and peer_s and median_s > 0 and peer_s > 0 and samples > 0 < peer_samples:
             gap, low, high = gap_bounds(
@@ -208,6 +213,8 @@ class LatencyRecord:
         previous = self.updated_ns
         elapsed_s = 0.0 if previous is None or held else (now_ns - previous) / _NS
         self.excess = next_excess(self.excess, elapsed_s, config.half_life, bounds)
+        if suspect_ratio is not None and suspect_ratio > 1.0:
+            self.excess = max(self.excess, math.log(suspect_ratio * config.dead_band))
         self.updated_ns = now_ns
         self.factor = factor_of(self.excess, config)
         return self.factor

@@ -349,13 +349,13 @@ class HostStats:
     def window_stats(
         self,
         percentiles: Sequence[float] = (50.0, 95.0, 99.0),
-        more: Callable[[int], float | None] | None = None,
+        more: Callable[[int], Sequence[float] | None] | None = None,
     ) -> WindowStats:
         """Counts and latency percentiles over the window, with every event recorded so far
         replayed; the window first moves to the interval of now. The intervals' histograms
         are merged into a scratch histogram (a C-level add per interval, a few us each)
-        under the replay lock; the percentiles are read outside it. ``more``: one more
-        percentile, from the window's sample count (None: none)."""
+        under the replay lock; the percentiles are read outside it. ``more``: more
+        percentiles, from the window's sample count (None: none)."""
         now = self._clock_now()
         with self._replay_lock:
             with self._lock:
@@ -368,7 +368,7 @@ class HostStats:
         if more is not None:
             extra = more(counts.samples)
             if extra is not None:
-                percentiles = [*percentiles, extra]
+                percentiles = [*percentiles, *extra]
         if counts.histogram is not None:
             values = percentile_values(counts.histogram, percentiles)
             latency = {float(p): values[p] / 1e6 if p in values else None for p in percentiles}

@@ -11,11 +11,11 @@ try:  # the dev extra's; the core install's tests (tests/core) run without it
 except ImportError:  # pragma: no cover
     settings = None
 
-# In CI (CI=true, as .ci/run runs) the property tests draw the same examples every run, so
-# that a landing is reproducible: a failure there is in the change, not in the draw. Run
-# locally they explore new examples each time (and keep the failing ones in .hypothesis/).
+# The property tests draw new examples every run, in CI too: a verdict that holds only for
+# the examples drawn once is no verdict (issue 32). In CI (CI=true) a failure prints the blob
+# that reproduces it (@reproduce_failure); locally failing examples stay in .hypothesis/.
 if settings is not None:
-    settings.register_profile("ci", derandomize=True, print_blob=True)
+    settings.register_profile("ci", print_blob=True)
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         settings.load_profile("ci")
 

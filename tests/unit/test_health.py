@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from adaptive_lb import health, health_rules, health_verdict, peer_groups
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, HealthPenalties, TrackingConfig
-from adaptive_lb.evidence import MIN_EVIDENCE, error_rate_lower_bound, support_percentile
+from adaptive_lb.evidence import MIN_EVIDENCE, error_rate_lower_bound, tail_percentiles
 from adaptive_lb.health import (
     HealthModel,
     HealthState,
@@ -87,11 +87,11 @@ def window(
     errors: int = 0,
     percentile: float = 99.0,
 ) -> WindowStats:
-    """A window whose tail is all at ``latency``: at ``percentile`` and at the percentile
-    that supports it (adaptive_lb.evidence.support_percentile)."""
+    """A window whose tail is all at ``latency``: at ``percentile`` and at its confidence
+    bounds (adaptive_lb.evidence.tail_percentiles)."""
     requests = samples + errors if requests is None else requests
-    support = support_percentile(samples, HealthConfig(percentile=percentile))
-    tail = {} if support is None else {support: latency}
+    bounds = tail_percentiles(samples, HealthConfig(percentile=percentile))
+    tail = {} if bounds is None else dict.fromkeys(bounds, latency)
     return WindowStats(
         requests=requests,
         successes=requests - errors,
@@ -115,8 +115,9 @@ def test_ten_times_slower_host_becomes_slow_within_one_refresh():
     assert new.latency == pytest.approx(0.05, rel=0.01)
     assert new.peer_median == pytest.approx(0.005, rel=0.01)
     assert new.samples == 100
-    assert new.reason.startswith("p99 0.05") and "> 2.0 x peer median 0.0050s" in new.reason
-    assert "(floor 0.0020s), 100 samples" in new.reason
+    # Slow through and through: the median settles it at once (adaptive_lb.evidence).
+    assert new.reason.startswith("p50 0.05") and "= 10.0 x peer median 0.0050s" in new.reason
+    assert "100 samples" in new.reason
     assert all(c.state(k) is HEALTHY and c.penalty(k) == 1.0 for k in ("h1", "h2", "h3", "h4"))
     assert c.model.health("h0") == new
 
@@ -150,14 +151,14 @@ def test_slow_host_recovers_through_warming_after_the_window():
 
 
 def test_the_tail_rule_needs_min_samples_a_clear_gap_needs_a_few():
-    """The p99 rule judges from ``min_samples`` (50), on a tail of 3 answers at least; a
-    host slow at its median is judged from as few answers as the gap allows
-    (adaptive_lb.evidence), never fewer than 3."""
+    """The p99 rule judges from ``min_samples`` (50) answers, by the lower confidence bound
+    of the p99 (of 50 answers: the 5th slowest); a host slow at its median is judged from
+    as few answers as the gap allows (adaptive_lb.evidence), never fewer than 3."""
     clusters = {}
     for name, latencies in {
-        "tail, 49": [5.0] * 46 + [500.0] * 3,  # p99 500 ms, median 5 ms
-        "tail of 2, 50": [5.0] * 48 + [500.0] * 2,  # p99 is the 2nd slowest: no support
-        "tail, 50": [5.0] * 47 + [500.0] * 3,
+        "tail, 49": [5.0] * 43 + [500.0] * 6,  # p99 500 ms, median 5 ms
+        "tail of 4, 50": [5.0] * 46 + [500.0] * 4,  # the p99 could still be 5 ms
+        "tail, 50": [5.0] * 45 + [500.0] * 5,
         "median, 2": [500.0] * 2,
         "median, 3": [500.0] * 3,
     }.items():
@@ -168,27 +169,70 @@ def test_the_tail_rule_needs_min_samples_a_clear_gap_needs_a_few():
             fresh.on_send()
             fresh.on_success(int(latency_ms * MS))
         cluster.refresh()
-    assert clusters["tail, 49"].state("h0") is HEALTHY
-    assert clusters["tail of 2, 50"].state("h0") is HEALTHY
-    assert clusters["tail, 50"].state("h0") is SLOW
-    assert "p99" in clusters["tail, 50"].model.health("h0").reason
-    assert "50 samples, p96 0.5" in clusters["tail, 50"].model.health("h0").reason
-    assert clusters["median, 2"].state("h0") is HEALTHY
+    for name in ("tail, 49", "tail of 4, 50", "median, 2"):
+        assert clusters[name].state("h0") is HEALTHY, name
+        assert clusters[name].model.health("h0").suspect_since_ns is None, name
+    # A tail is a suspicion at first: the latency factor rises, the verdict waits.
+    tail = clusters["tail, 50"]
+    assert tail.state("h0") is HEALTHY
+    assert tail.model.health("h0").suspect_since_ns == 0
+    assert tail.stats["h0"].latency_factor == 4.0  # 500 ms against a 10 ms threshold: capped
     assert clusters["median, 3"].state("h0") is SLOW
     assert "x peer median 0.0050s, 3 samples" in clusters["median, 3"].model.health("h0").reason
 
 
-def test_the_reason_names_the_support_only_when_it_is_a_check_of_its_own():
-    """Below 200 answers the third slowest is read apart from p99; from 200, p99 is it."""
-    reasons = {}
-    for samples in (100, 200):
-        c = Cluster()
-        c.feed_all(5.0, samples, h0=50.0)
+def tail_cluster(slow_ms: float = 60.0) -> Cluster:
+    """Five hosts at 5 ms, one of them (h0) with 5 % of its answers ``slow_ms`` late."""
+    c = Cluster()
+    c.feed_all(5.0, 95)
+    c.feed("h0", slow_ms, 5)
+    return c
+
+
+def test_a_tail_only_verdict_needs_the_gap_in_two_disjoint_windows():
+    """The tail's bound above the threshold at every refresh from one window to the next
+    that shares no answer with it (10 s window in 5 intervals: 12 s) makes it SLOW."""
+    c = tail_cluster()
+    states = []
+    for _ in range(15):
         c.refresh()
-        assert c.state("h0") is SLOW
-        reasons[samples] = c.model.health("h0").reason
-    assert re.search(r", 100 samples, p98 0\.05\d+s too$", reasons[100]), reasons[100]
-    assert reasons[200].endswith("200 samples"), reasons[200]
+        states.append(c.state("h0"))
+        c.clock.advance_s(1.0)
+        c.feed_all(5.0, 95)
+        c.feed("h0", 60.0, 5)
+    # Of the first 100 answers, 5 slow do not bound the p99 (the 6th slowest does): the
+    # suspicion starts at 1 s, the verdict follows 12 s later.
+    assert states[:13] == [HEALTHY] * 13, states
+    assert states[13] is SLOW, states
+    reason = c.model.health("h0").reason
+    assert re.match(r"p99 at least 0\.06\d*s > 0\.0\d+s = max\(2\.0 x peer median", reason), reason
+    assert "client lateness 0.0000s" in reason and "for 12.0s" in reason
+
+
+def test_a_burst_that_leaves_the_window_is_never_a_verdict():
+    """The same tail for one window only (a burst of the client's own lateness that caught
+    five of h0's answers): the suspicion ends when the burst leaves the window."""
+    c = tail_cluster()
+    seen = set()
+    for second in range(30):
+        c.refresh()
+        seen.add(c.state("h0"))
+        if second == 10:
+            assert c.model.health("h0").suspect_since_ns is None  # the burst left
+        c.clock.advance_s(1.0)
+        c.feed_all(5.0, 100)
+    assert seen == {HEALTHY}
+    assert c.stats["h0"].latency_factor == 1.0  # the ramp decayed back
+
+
+def test_the_clients_own_lateness_raises_the_threshold():
+    """60 ms answers from a client that was itself 80 ms late in the window are no
+    evidence against the host."""
+    c = tail_cluster()
+    c.model.lateness.observe(c.clock.now_ns(), 0.080)
+    c.refresh()
+    health = c.model.health("h0")
+    assert health.suspect_since_ns is None and c.stats["h0"].latency_factor == 1.0
 
 
 def test_slow_floor_protects_fast_hosts():
@@ -686,7 +730,8 @@ def test_assess_uses_the_configured_percentile():
     stats = window(latency=0.1, percentile=95.0)
     assert assess(settled(HEALTHY, 1.0), stats, 0.005, config, S).state is SLOW
     other = window(latency=0.1, percentile=99.0)
-    assert assess(settled(HEALTHY, 1.0), other, 0.005, config, S).state is HEALTHY
+    first = assess(settled(HEALTHY, 1.0), other, 0.005, config, S)
+    assert first.state is HEALTHY and first.suspect_since_ns is None
 
 
 @settings(max_examples=200, deadline=None)
@@ -896,8 +941,9 @@ def test_window_stats_are_kept_from_the_last_refresh():
     c.refresh()
     kept = c.model.window_stats("h0")
     assert kept is not None and kept.samples == 100
-    # ...and the percentile the p99's support is read at (its third slowest of 100).
-    assert set(kept.latency) == {10.0, 50.0, 95.0, 98.0, 99.0}
+    # ...and the percentiles the p99's confidence bounds are read at (of 100 answers: the
+    # 6th slowest and the slowest), and its body's lower bound (the 21st slowest).
+    assert set(kept.latency) == {10.0, 50.0, 80.0, 95.0, 99.0, 100.0}
     c.feed("h0", 5.0, 10)
     assert c.model.window_stats("h0") is kept  # no recomputation until the next refresh
 
