@@ -23,7 +23,12 @@ large enough that few answers settle it:
   The host's spread is at least what the client's own jitter makes it at its median
   (``health.latency_factor.jitter``, :func:`adaptive_lb.latency_factor.floored_spread`):
   on a steady cluster (``s`` 0.2) a host at 3 ms among peers at 1.2 ms needs 24 answers,
-  not 12: 1 ms of the client's own noise on a few answers would look the same.
+  not 12: 1 ms of the client's own noise on a few answers would look the same. When the
+  client was measurably later than that in the window (:mod:`adaptive_lb.lateness`), its
+  lateness is the floor, and it is taken off the host's median first: a saturated client
+  serves its sockets in turn, and one equal node's median read 2.6-4.2 x its peers' over
+  hundreds of answers, and beside a CPU hog 5 answers at 4 ms among peers at 0.5 ms made
+  an equal node SLOW.
 * **Slow, by the tail.** From ``min_samples`` answers the tail rule judges a host by its
   latency at ``percentile`` (p99) against ``outlier_factor`` x its peers'. Over ``n``
   answers p99 is the ``n // 100 + 1``-th slowest: at 128 answers, the second slowest.
@@ -41,7 +46,8 @@ large enough that few answers settle it:
 These add to the tail rules, which keep judging busy hosts as before. No driver import, no
 state: the health model computes the inputs at each refresh, never per request.
 
-Imports the config, the statistics and the jitter floor of :mod:`adaptive_lb.latency_factor`.
+Imports the config, the statistics, the jitter floor of :mod:`adaptive_lb.latency_factor` and
+the lateness discount of :mod:`adaptive_lb.lateness`.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from collections.abc import Hashable, Iterable, Mapping
 
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.latency_factor import floored_spread
+from adaptive_lb.lateness import discounted
 from adaptive_lb.stats import WindowStats
 
 __all__ = [
@@ -205,17 +212,23 @@ def slow_by_evidence(
     spread: float,
     config: HealthConfig,
     least: int = MIN_EVIDENCE,
+    lateness_s: float = 0.0,
 ) -> str | None:
     """Why the host is a latency outlier by the evidence (its median against
     ``peer_typical``, its peers' median of medians, at the cluster's ``spread`` or the
     jitter's at the host's median, whichever is larger), or None while it is not (yet).
     ``least``: the fewest answers that may decide (1 for a host just back from SLOW: the
-    evidence that sent it there is the rest)."""
+    evidence that sent it there is the rest). ``lateness_s``: the client's own lateness
+    over the window (:mod:`adaptive_lb.lateness`): taken off the host's median
+    (:func:`~adaptive_lb.lateness.discounted`) and the jitter floor when it is larger."""
     typical = window.latency.get(50.0)
-    if typical is None or not peer_typical or typical <= config.slow_floor:
+    if typical is None or not peer_typical:
+        return None
+    typical = discounted(typical, lateness_s, peer_typical)
+    if typical <= config.slow_floor:
         return None
     ratio = typical / peer_typical
-    own = floored_spread(spread, config.latency_factor.jitter, typical)
+    own = floored_spread(spread, max(config.latency_factor.jitter, lateness_s), typical)
     needed = samples_needed(ratio, config.outlier_factor, own, config.certainty, least)
     if window.samples < needed:
         return None

@@ -350,6 +350,7 @@ class HealthModel:
                         latency_config,
                         key in probe_slow,
                         new.suspect_ratio,
+                        lateness_s,
                     )
                 host.latency_factor = latency.factor
                 if new.probe is None:

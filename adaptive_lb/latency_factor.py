@@ -72,7 +72,8 @@ After a stall or errors (leaving ERRORING) and when a host comes back up, ``e`` 
 0: the latency of requests caught in a stall or a restart is not the host's service time,
 and the health model and the probes judge those.
 
-Imports the config only; :mod:`adaptive_lb.health` calls :meth:`LatencyRecord.update` at
+Imports the config and the lateness discount (:mod:`adaptive_lb.lateness`);
+:mod:`adaptive_lb.health` calls :meth:`LatencyRecord.update` at
 each refresh and publishes the factor on the host's statistics, which the score reads.
 """
 
@@ -81,6 +82,7 @@ from __future__ import annotations
 import math
 
 from adaptive_lb.config import LatencyFactorConfig
+from adaptive_lb.lateness import discounted
 
 __all__ = [
     "MEDIAN_SE",
@@ -192,6 +194,7 @@ class LatencyRecord:
         config: LatencyFactorConfig,
         held: bool = False,
         suspect_ratio: float | None = None,
+        lateness_s: float = 0.0,
     ) -> float:
         """Fold the host's window at ``now_ns`` (its median ``median_s`` over ``samples``
         answers, against its peers' ``peer_s`` from about ``peer_samples`` answers a host)
@@ -200,11 +203,15 @@ class LatencyRecord:
         ``suspect_ratio``: how far its tail's lower confidence bound is above the SLOW
         threshold while that has not persisted long enough for a verdict
         (:mod:`adaptive_lb.health_rules`): the factor is at least that ratio meanwhile, the
-        ramp before the verdict."""
+        ramp before the verdict. ``lateness_s``: the client's own lateness over the window
+        (:mod:`adaptive_lb.lateness`): taken off the host's median, and the jitter floor
+        when it is larger."""
         bounds: tuple[float, float] | None = None
         if median_s and peer_s and median_s > 0 and peer_s > 0 and samples > 0 < peer_samples:
+            jitter = max(config.jitter, lateness_s)
+            median_s = discounted(median_s, lateness_s, peer_s)
             gap, low, high = gap_bounds(
-                median_s, peer_s, samples, peer_samples, spread, config.certainty, config.jitter
+                median_s, peer_s, samples, peer_samples, spread, config.certainty, jitter
             )
             bounds = (low, high)
             self.ratio, self.low, self.high = math.exp(gap), math.exp(low), math.exp(high)

@@ -17,9 +17,20 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["ClientLateness"]
+__all__ = ["ClientLateness", "discounted"]
 
 _NS = 1_000_000_000
+
+
+def discounted(latency_s: float, lateness_s: float, reference_s: float) -> float:
+    """A host's latency ``latency_s`` without what the client itself may have added to it
+    (``lateness_s``), compared with its peers' ``reference_s``: never below the reference
+    (the client's lateness makes a host look slower, never faster). A saturated client
+    serves its sockets in turn, and one host's answers can wait longer than the others' for
+    as long as the client is late: a latency gap within that is no evidence."""
+    if lateness_s <= 0.0:
+        return latency_s
+    return max(min(latency_s, reference_s), latency_s - lateness_s)
 
 
 class ClientLateness:

@@ -1,0 +1,61 @@
+"""The false-verdict soak (issue 32): three equal Simulacron nodes, the real driver with
+``attach(session)`` and the shipped defaults, and not one transition out of ``healthy``.
+
+Two runs, the clients of the issue's table at once (adaptive_lb.tools.peers.equal_nodes):
+on a quiet machine, 10 requests a second one at a time and 200 a second with 4 in flight;
+then the same two beside a closed loop of 32 in flight and two processes spinning on the
+client's two cores, for longer than a tail-only verdict takes to form (12 s: two disjoint
+windows), so that a tail the client's own delays made would have had the time to become
+one. ``benchmarks/false_verdicts.py`` runs the six runs of the table apart, 30 s each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+
+from adaptive_lb import AdaptiveLoadBalancingPolicy
+from adaptive_lb.tools.peers.equal_nodes import Load, cpu_hog, run_loads
+from tests.integration.simulacron import Simulacron
+
+pytestmark = pytest.mark.integration
+
+CLUSTER = "equal"
+QUERY = "SELECT v FROM ks.t WHERE k = ?"
+THIN = Load("thin", in_flight=1, rate=10.0)
+PACED = Load("200", in_flight=4, rate=200.0)
+CLOSED = Load("closed", in_flight=32)
+
+
+@pytest.fixture(scope="module")
+def contact_points(simulacron: Simulacron) -> Iterator[list[str]]:
+    created = simulacron.create_cluster(CLUSTER, [["r1", "r2", "r3"]])
+    try:
+        simulacron.prime_keyspace("ks", {"dc1": 2})
+        simulacron.prime(
+            QUERY, rows=[{"v": 7}], column_types={"v": "int"}, param_types={"k": "int"}
+        )
+        yield created["dc1"][:1]
+    finally:
+        simulacron.remove_cluster(CLUSTER)
+
+
+def policy() -> AdaptiveLoadBalancingPolicy:
+    return AdaptiveLoadBalancingPolicy(TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
+
+
+def test_equal_nodes_quiet_client_no_false_verdict(contact_points):
+    seen = run_loads(contact_points, policy, QUERY, [THIN, PACED], seconds=10.0)
+    print(f"\nquiet: answered {seen.answered}, failed {seen.failed}")
+    assert seen.answered["thin"] >= 50 and seen.answered["200"] >= 1000, seen
+    assert seen.departures == []
+
+
+def test_equal_nodes_saturated_client_no_false_verdict(contact_points):
+    with cpu_hog(2):
+        seen = run_loads(contact_points, policy, QUERY, [THIN, PACED, CLOSED], seconds=20.0)
+    print(f"\nsaturated: answered {seen.answered}, failed {seen.failed}")
+    assert seen.answered["thin"] >= 50 and seen.answered["closed"] >= 2000, seen
+    assert seen.departures == []
