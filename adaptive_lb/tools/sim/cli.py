@@ -70,6 +70,8 @@ DEMO_SCENARIOS = (
     "busy-node",
     "busy-node-no-pools",
     "busy-node-moderate",
+    "noisy-client",
+    "noisy-client-thin",
 )
 """The scenarios ``adaptive-lb demo`` runs, from ``adaptive_lb/tools/sim/scenarios/<name>.yaml``."""
 

@@ -105,17 +105,23 @@ def attach_driver_side(
     servers: SimulatedServers,
     rng: random.Random,
     thread_pools: bool | None = None,
+    pauses: Any = None,
 ) -> tuple[PoolCounts, SimProber]:
     """Give an adaptive ``policy`` of a client in ``zone`` what request tracking gives it
     in production: its in-flight source (the client's pools) and its probe sender, with a
     probe scheduler jittered from ``rng`` (so a run stays a function of its seed); with
     ``thread_pools`` not None, its server-load reads too
-    (:class:`~adaptive_lb.tools.sim.load_reads.SimLoadReader`: the nodes have the table or not)."""
+    (:class:`~adaptive_lb.tools.sim.load_reads.SimLoadReader`: the nodes have the table or not);
+    with ``pauses`` (the client's :class:`~adaptive_lb.tools.sim.client_pauses.ClientPauses`),
+    their answers and timeouts wait for the client's pauses to end."""
     pools = PoolCounts()
     policy.stats.add_in_flight_source(pools)
     prober = SimProber(policy, zone, servers, pools)
+    prober.pauses = pauses
     read_load = None
     if thread_pools is not None:
-        read_load = SimLoadReader(policy, zone, servers, pools, thread_pools).read
+        reader = SimLoadReader(policy, zone, servers, pools, thread_pools)
+        reader.pauses = pauses
+        read_load = reader.read
     policy.use_prober(prober.send, read_load=read_load, rng=rng)  # the same rules, seeded
     return pools, prober

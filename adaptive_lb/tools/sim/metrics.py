@@ -87,13 +87,38 @@ def settled(recorder: Recorder, after_s: float) -> dict[str, Any]:
     }
 
 
-def slow_verdicts(verdicts: list[tuple[int, int, str]], nodes: list[Any]) -> dict[str, int]:
+def slow_verdicts(verdicts: list[tuple[Any, ...]], nodes: list[Any]) -> dict[str, int]:
     """Verdicts SLOW given by the clients' policies over the run: ``false`` on a node with
-    no fault active then (distance, noise), ``faulted`` on a node whose fault was."""
+    no fault active then (distance, noise), ``faulted`` on a node whose fault was.
+    ``verdicts``: ``(time, node index, new state[, old state])``."""
     counts = {"false": 0, "faulted": 0}
-    for t, index, state in verdicts:
+    for t, index, state, *_ in verdicts:
         if state == "slow":
             counts["faulted" if nodes[index].fault_active(t) else "false"] += 1
+    return counts
+
+
+_AGAINST = ("slow", "erroring")
+"""The states a verdict against a host puts it in."""
+
+
+def false_verdicts(verdicts: list[tuple[Any, ...]], nodes: list[Any]) -> dict[str, int]:
+    """Verdicts against a host given by the clients' policies over the run -- every
+    transition out of HEALTHY and every one into SLOW or ERRORING (from WARMING, or SLOW ->
+    ERRORING) -- counted ``false`` when no fault was active on the node then (by the state
+    given: ``false_slow``, ``false_erroring``; ``false`` counts every state), else
+    ``faulted``. ``verdicts``: ``(time, node index, new state, old state)``."""
+    counts = {"false": 0, "false_slow": 0, "false_erroring": 0, "faulted": 0}
+    for t, index, state, *rest in verdicts:
+        old = rest[0] if rest else None
+        if state == "healthy" or (state not in _AGAINST and old != "healthy"):
+            continue
+        if nodes[index].fault_active(t):
+            counts["faulted"] += 1
+            continue
+        counts["false"] += 1
+        if state in _AGAINST:
+            counts[f"false_{state}"] += 1
     return counts
 
 
@@ -122,9 +147,9 @@ class Recorder:
         self.attempt_nodes = array("h")
         self.first_ns: int | None = None
         self.last_ns = 0
-        self.verdicts: list[tuple[int, int, str]] | None = None
+        self.verdicts: list[tuple[int, int, str, str | None]] | None = None
         """Health transitions of the clients' policies (adaptive-lb only): (time, node
-        index, new state)."""
+        index, new state, old state)."""
 
     def attempt(self, now: int, node: Any) -> None:
         """A measured request sent an attempt to ``node``."""
@@ -132,11 +157,12 @@ class Recorder:
         self.attempt_times.append(now)
         self.attempt_nodes.append(node.index)
 
-    def verdict(self, now: int, node: Any, state: str) -> None:
-        """A client's policy changed its health verdict on ``node`` to ``state``."""
+    def verdict(self, now: int, node: Any, state: str, old: str | None = None) -> None:
+        """A client's policy changed its health verdict on ``node`` to ``state`` (from
+        ``old``)."""
         if self.verdicts is None:
             self.verdicts = []
-        self.verdicts.append((now, node.index, state))
+        self.verdicts.append((now, node.index, state, old))
 
     def finish(self, request: Request, status: int, now: int) -> None:
         """A measured request ended."""
@@ -218,6 +244,7 @@ class PolicyResult:
             summary["pause_return_s"] = returns
         if recorder.verdicts is not None:
             summary["slow_verdicts"] = slow_verdicts(recorder.verdicts, nodes)
+            summary["verdicts"] = false_verdicts(recorder.verdicts, nodes)
         if settled_after is not None:
             summary["settled"] = settled(recorder, settled_after)
         if local_racks is not None:

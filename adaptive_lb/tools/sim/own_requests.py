@@ -10,9 +10,10 @@ an error once the node resumes; a dropped request is never answered (its timeout
 its stream stays taken); a node that sheds it at the door (Overloaded) answers with an
 error at once; a node that dies with it queued resets the connection. The answer travels
 back over the network and releases the pool's stream, in time or late; the first of the
-answer and the timeout ends the trip. What a served trip answers, and what its end and its
-timeout record, is the subclass's (:meth:`OwnRequests.served`, :meth:`OwnRequests.end`,
-:meth:`OwnRequests.expire`).
+answer and the timeout ends the trip; while the client is paused, neither is handled before
+the pause's end (:mod:`adaptive_lb.tools.sim.client_pauses`). What a served trip answers,
+and what its end and its timeout record, is the subclass's (:meth:`OwnRequests.served`,
+:meth:`OwnRequests.end`, :meth:`OwnRequests.expire`).
 
 Imports the simulator's engine, nodes and servers only.
 """
@@ -57,6 +58,16 @@ class OwnRequests:
         self.pools = pools
         self.sent = 0
         """Requests of this kind sent by this client."""
+        self.pauses: Any = None
+        """The client's own pauses (a
+        :class:`~adaptive_lb.tools.sim.client_pauses.ClientPauses`): an answer or timeout
+        due in one is handled at its end. None: the client never pauses."""
+
+    def _paused(self, callback: Any, arg: Any) -> bool:
+        if self.pauses is None or not self.pauses.defer(self.engine, callback, arg):
+            return False
+        self.pauses.answers_late += 1
+        return True
 
     def served(self, trip: Trip) -> Any:
         """What the node answers when it serves ``trip``."""
@@ -107,6 +118,8 @@ class OwnRequests:
         self.engine.at(at + delay, self._answer, (trip, answer))
 
     def _answer(self, token: tuple[Trip, Any]) -> None:
+        if self._paused(self._answer, token):
+            return
         trip, answer = token
         self.pools.answered(trip.node.host)
         if trip.ended:
@@ -115,7 +128,7 @@ class OwnRequests:
         self.end(trip, answer)
 
     def _timed_out(self, trip: Trip) -> None:
-        if trip.ended:
+        if trip.ended or self._paused(self._timed_out, trip):
             return
         trip.ended = True
         self.expire(trip)

@@ -1,11 +1,12 @@
 """Run one scenario under one policy, or many (scenario, policy) pairs on worker processes.
 
 A run is a pure function of ``(scenario, policy, seed)``: every random stream is derived
-from the seed by name (workload, keys, network, each node, the driver policies' own use of
-the ``random`` module), and worker processes are started with a fixed ``PYTHONHASHSEED``
-(the stock ``DCAwareRoundRobinPolicy`` orders hosts through a ``set``, whose order depends
-on string hashing). The same seed gives byte-identical JSON; the cluster, the keys and the
-open-loop arrivals are the same for every policy of a scenario (common random numbers).
+from the seed by name (workload, keys, network, each node, each client's pauses, the driver
+policies' own use of the ``random`` module), and worker processes are started with a fixed
+``PYTHONHASHSEED`` (the stock ``DCAwareRoundRobinPolicy`` orders hosts through a ``set``,
+whose order depends on string hashing). The same seed gives byte-identical JSON; the
+cluster, the keys, the open-loop arrivals and the clients' pauses are the same for every
+policy of a scenario (common random numbers).
 
 May import the whole simulator but its CLI, attrs and the library's clock.
 """
@@ -24,6 +25,7 @@ import attrs
 
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.tools.sim.background import install_background
+from adaptive_lb.tools.sim.client_pauses import client_pauses, pause_summary, schedule_tick
 from adaptive_lb.tools.sim.driver_side import attach_driver_side
 from adaptive_lb.tools.sim.driver_topology import (
     DriverTopology,
@@ -184,7 +186,7 @@ def _run_policy(
     recorder = Recorder(len(sim.nodes))
     datacenter = scenario.client_datacenter
     kits = []
-    clients = []
+    clients: list[Client] = []
     local_racks: dict[str, dict[str, Any]] = {}
     policy_rng = _rng(seed, f"policy-rng:{policy}")
     for zone in scenario.client_zones:
@@ -210,23 +212,10 @@ def _run_policy(
                 recorder,
                 scenario.workload,
             )
+            pauses_rng = _rng(seed, f"client-pauses:{client.name}")  # the same for every policy
+            client.pauses = client_pauses(scenario.client_pauses, len(clients), pauses_rng)
             clients.append(client)
-            if isinstance(kit.feedback, AdaptiveFeedback):
-                # Production's rules: in-flight from the pools, a sample tracked, probes.
-                rng = _rng(seed, f"probes:{policy}:{client.name}")
-                client.pools, _ = attach_driver_side(
-                    kit.policy, zone, sim.servers, rng, scenario.nodes.thread_pools
-                )
-                client.sampler = kit.policy.sampler
-            if kit.tick is not None and kit.tick_interval:
-                interval = round(kit.tick_interval * NS_PER_S)
-                tick = kit.tick
-                if policy in ("adaptive", "adaptive-unset"):
-                    tick = _recording_verdicts(kit.tick, recorder, sim)
-                if policy == "adaptive-unset":
-                    rack = local_racks[f"{zone}-{i}"] = {"zone": zone}
-                    tick = _recording_local_rack(tick, kit.policy, rack, sim)
-                engine.every(interval, tick, start_ns=interval)
+            _wire_client(kit, client, scenario, sim, recorder, seed, local_racks)
 
     def notify_down(host: Any) -> None:
         for kit in kits:
@@ -260,7 +249,7 @@ def _run_policy(
     generator.start()
     horizon = scenario.max_duration + 2 * scenario.workload.request_timeout + 60.0
     engine.run(until_ns=round(horizon * NS_PER_S))
-    return PolicyResult.build(
+    result = PolicyResult.build(
         policy,
         LABELS[policy],
         recorder,
@@ -271,6 +260,42 @@ def _run_policy(
         settled_after=scenario.settled_after,
         local_racks=local_racks or None,
     )
+    paused = [client.pauses for client in clients if client.pauses is not None]
+    if paused:
+        result.summary["client_pauses"] = pause_summary(paused, engine.now)
+    return result
+
+
+def _wire_client(
+    kit: Any,
+    client: Client,
+    scenario: Scenario,
+    sim: SimulatedCluster,
+    recorder: Recorder,
+    seed: int,
+    local_racks: dict[str, dict[str, Any]],
+) -> None:
+    """Give ``client`` production's driver side (adaptive-lb) and schedule its policy's
+    periodic tick (late after the client's own pauses), its verdicts recorded."""
+    policy, zone, engine = kit.name, client.zone, sim.engine
+    if isinstance(kit.feedback, AdaptiveFeedback):
+        # Production's rules: in-flight from the pools, a sample tracked, probes.
+        rng = _rng(seed, f"probes:{policy}:{client.name}")
+        client.pools, _ = attach_driver_side(
+            kit.policy, zone, sim.servers, rng, scenario.nodes.thread_pools, client.pauses
+        )
+        client.sampler = kit.policy.sampler
+    if kit.tick is not None and kit.tick_interval:
+        interval = round(kit.tick_interval * NS_PER_S)
+        tick = kit.tick
+        if policy in ("adaptive", "adaptive-unset"):
+            tick = _recording_verdicts(kit.tick, recorder, sim)
+        if policy == "adaptive-unset":
+            rack = local_racks[client.name] = {"zone": zone}
+            tick = _recording_local_rack(tick, kit.policy, rack, sim)
+        schedule_tick(
+            engine, interval, tick, start_ns=interval, pauses=client.pauses, policy=kit.policy
+        )
 
 
 def _recording_verdicts(
@@ -281,7 +306,8 @@ def _recording_verdicts(
     def refresh() -> None:
         for transition in tick() or ():
             node = sim.servers.node_of(transition.key)
-            recorder.verdict(sim.engine.now, node, transition.new.state.value)
+            new, old = transition.new.state.value, transition.old.state.value
+            recorder.verdict(sim.engine.now, node, new, old)
 
     return refresh
 

@@ -46,6 +46,7 @@ __all__ = [
     "DEFAULT_POLICIES",
     "FAULT_KINDS",
     "POLICY_NAMES",
+    "ClientPausesSpec",
     "FaultSpec",
     "KeysSpec",
     "NetworkSpec",
@@ -224,6 +225,28 @@ class FaultSpec:
 
 
 @define(frozen=True, slots=True)
+class ClientPausesSpec:
+    """The clients' own pauses (GC, CPU steal): while paused a client neither handles
+    answers nor sends, and its timers fire late (:mod:`adaptive_lb.tools.sim.client_pauses`)."""
+
+    rate: float = field(default=0.0, validator=[check.number, check.ge(0.0), check.le(1000.0)])
+    """Pauses a second per paused client (Poisson arrivals); 0: none."""
+    min_ms: float = field(default=5.0, validator=[check.number, check.ge(0.0)])
+    max_ms: float = field(default=50.0, validator=[check.number, check.ge(0.0)])
+    """Each pause lasts a duration drawn uniformly between ``min_ms`` and ``max_ms``."""
+    clients: int | None = field(default=None, validator=check.optional(check.integer, check.ge(1)))
+    """How many clients are paused (the first ones, zone by zone); None: every client."""
+    start: float = field(default=0.0, validator=[check.number, check.ge(0.0)])
+    end: float | None = field(default=None, validator=check.optional(check.number, check.ge(0.0)))
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_ms < self.min_ms:
+            raise ValueError(
+                f"max_ms: must be >= min_ms ({show(self.min_ms)}), got {show(self.max_ms)}"
+            )
+
+
+@define(frozen=True, slots=True)
 class Scenario:
     """A whole simulation: cluster, network, nodes, workload, faults, policies compared."""
 
@@ -248,6 +271,8 @@ class Scenario:
     nodes: NodesSpec = field(factory=NodesSpec)
     workload: WorkloadSpec = field(factory=WorkloadSpec)
     faults: list[FaultSpec] = field(factory=list, metadata={"list_of": FaultSpec})
+    client_pauses: ClientPausesSpec = field(factory=ClientPausesSpec)
+    """The clients' own pauses (none by default)."""
     policies: list[str] = field(
         factory=lambda: list(DEFAULT_POLICIES), validator=scenario_checks.names(POLICY_NAMES)
     )

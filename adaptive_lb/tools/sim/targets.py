@@ -7,7 +7,8 @@ scenario worse than the figures it had before (its ``reference``); and issue 24'
 traffic): a slow node avoided from a few requests a second, no equal node avoided and equal
 nodes sharing evenly, a stalled node found by active probes (few user requests caught in
 the stall), and a node busy with other clients' load left by the server's own view of its
-queues.
+queues; and issue 32's (precision): a client pausing itself (GC, CPU steal) makes no host
+leave HEALTHY.
 
 Imports attrs and (for types) the simulator's metrics only; never the report, which imports
 it.
@@ -30,6 +31,7 @@ __all__ = [
     "BUSY_WINDOW_S",
     "EVEN_SHARE",
     "LEARNED_P50_TOLERANCE",
+    "NO_FALSE_VERDICTS",
     "REFERENCE_TOLERANCE",
     "RETURN_WITHIN_S",
     "STALL_TIMEOUTS",
@@ -57,6 +59,9 @@ loaded (after :data:`BUSY_SETTLE_S`, no :data:`BUSY_WINDOW_S` window above that 
 BUSY_SHARE = 0.5
 BUSY_SETTLE_S = 10.0
 BUSY_WINDOW_S = 5.0
+NO_FALSE_VERDICTS = ("noisy-client", "noisy-client-thin")
+"""Scenarios with no fault on any node, where no host may leave HEALTHY (a false verdict:
+see :func:`~adaptive_lb.tools.sim.metrics.false_verdicts`)."""
 _PERCENTILES = ("p50_ms", "p95_ms", "p99_ms")
 _Add = Callable[[str, bool, str], None]
 """Records one target: ``add(target, met, detail)``."""
@@ -93,6 +98,8 @@ def check_targets(report: ScenarioReport) -> list[TargetCheck]:
         _issue_24(report.scenario.name, adaptive.summary, add)
         if name in BUSY_NODE:
             _busy_node(report, add)
+    if name in NO_FALSE_VERDICTS:
+        _no_false_verdicts(report, add)
     return checks
 
 
@@ -293,3 +300,23 @@ def _busy_node(report: ScenarioReport, add: _Add) -> None:
         bool(shares) and max(shares) <= bound,
         f"most {_pct(max(shares))} in {len(shares)} windows" if shares else "no window",
     )
+
+
+def _no_false_verdicts(report: ScenarioReport, add: _Add) -> None:
+    """Issue 32: no host leaves HEALTHY while no fault is on it (a client's own pauses
+    are not the hosts')."""
+    for policy in ("adaptive", "adaptive-unset"):
+        result = report.by_policy(policy)
+        if result is None:
+            continue
+        verdicts = result.summary.get("verdicts") or {
+            "false": 0,
+            "false_slow": 0,
+            "false_erroring": 0,
+        }
+        add(
+            f"{result.label}: no false verdict (no host leaves HEALTHY without a fault)",
+            verdicts["false"] == 0,
+            f"{verdicts['false']} false verdicts ({verdicts['false_slow']} SLOW, "
+            f"{verdicts['false_erroring']} ERRORING)",
+        )

@@ -175,6 +175,7 @@ class Client:
         "keyspace",
         "max_attempts",
         "name",
+        "pauses",
         "policy",
         "pools",
         "recorder",
@@ -216,11 +217,25 @@ class Client:
         self.sampler: Any = None
         """Picks the requests whose attempts feed :attr:`feedback` (the policy's
         :class:`~adaptive_lb.sampling.Sampler`; None: every request)."""
+        self.pauses: Any = None
+        """Its own pauses (:class:`~adaptive_lb.tools.sim.client_pauses.ClientPauses`)."""
 
     def start(self, key: int, measured: bool) -> None:
-        """Begin a request for partition ``key``."""
+        """Begin a request for partition ``key`` (if the client is paused, at the pause's
+        end, the wait counted in the request's latency)."""
+        token = (key, measured, self.engine.now)
+        if self.pauses is not None and self.pauses.defer(self.engine, self._start_late, token):
+            self.pauses.sends_late += 1
+        else:
+            self._begin(*token)
+
+    def _start_late(self, token: tuple[int, bool, int]) -> None:
+        if not self.pauses.defer(self.engine, self._start_late, token):  # a pause right after
+            self._begin(*token)
+
+    def _begin(self, key: int, measured: bool, start_ns: int) -> None:
         engine = self.engine
-        request = Request(self, key, engine.now, measured)
+        request = Request(self, key, start_ns, measured)
         if self.tracer is None:
             request.plan = iter(self.policy.make_query_plan(self.keyspace, self.statements[key]))
         else:
@@ -254,6 +269,9 @@ class Client:
 
     def on_reply(self, token: tuple[Attempt, int]) -> None:
         """The coordinator's answer to ``attempt`` arrives."""
+        if self.pauses is not None and self.pauses.defer(self.engine, self.on_reply, token):
+            self.pauses.answers_late += 1
+            return
         attempt, outcome = token
         if self.pools is not None:
             self.pools.answered(attempt.node.host)  # also a late answer: the stream is freed
@@ -275,6 +293,9 @@ class Client:
 
     def _timeout(self, request: Request) -> None:
         if request.done:
+            return
+        if self.pauses is not None and self.pauses.defer(self.engine, self._timeout, request):
+            self.pauses.answers_late += 1
             return
         attempt = request.current
         if attempt is not None:
