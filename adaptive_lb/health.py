@@ -36,6 +36,7 @@ from adaptive_lb.locality import RackDistances, RackKey
 from adaptive_lb.peer_groups import peer_median, peer_medians
 from adaptive_lb.probe_latency import still_slow_hosts
 from adaptive_lb.probes import judge
+from adaptive_lb.silence import SilenceClocks
 from adaptive_lb.stats import HostStats, WindowStats
 
 __all__ = [
@@ -95,9 +96,8 @@ class HealthModel:
         self._forgotten: set[Hashable] = set()
         """Keys forgotten while a refresh runs (it must not re-add them)."""
         self._refreshing = False
-        self._answered: dict[Hashable, tuple[int, int]] = {}
-        """Per host: (answers counted at the last refresh, since when it has had requests in
-        flight without a new answer, ns), for the stall rule."""
+        self._silence = SilenceClocks()
+        """How long each host has gone unanswered (the stall rule, suspicion)."""
         self._next_refresh_ns = 0
         self.rack_distances = RackDistances()
         """Each rack's distance from this client (refreshed with ``racks``)."""
@@ -113,6 +113,11 @@ class HealthModel:
         again with user requests (``health.probe_interval`` 0 does the same)."""
         self.stalled: dict[Hashable, float] = {}
         """Per host, at the last refresh: seconds with requests in flight and no answer."""
+        self.unanswered: dict[Hashable, float] = {}
+        """Per host, at the last refresh: seconds with requests in flight by the driver's
+        count (untracked ones too) and no tracked answer nor probe answer: what makes a
+        host suspected, and probed (:mod:`adaptive_lb.probes`), whichever of its requests
+        happened to be tracked."""
 
     @property
     def config(self) -> HealthConfig:
@@ -180,8 +185,9 @@ class HealthModel:
         with self._state_lock:
             self._health.pop(key, None)
             self._windows.pop(key, None)
-            self._answered.pop(key, None)
+            self._silence.forget(key)
             self.stalled.pop(key, None)
+            self.unanswered.pop(key, None)
             self._unreported.pop(key, None)
             # A refresh may be computing windows from a mapping that still holds the key.
             # (Only then: with no refresh running there is nothing to undo, and keeping
@@ -285,8 +291,7 @@ class HealthModel:
         # above what its peers' tails could be, not only above their estimate.
         bounds = peer_medians(_upper_bounds(windows, config), groups, config, racks, distances)
         lateness_s = self.lateness.high(now)
-        # Two disjoint windows: the window's length and one interval (it rotates by those).
-        persist_s = window_s * (1.0 + 1.0 / max(1, self._intervals))
+        recent = self._since_suspected(stats, windows)
         # For the evidence rules (adaptive_lb.evidence): medians of hosts with a few answers.
         typical = peer_medians(
             windows, groups, config, racks, thin_distances, 50.0, MIN_EVIDENCE, strict=True
@@ -301,6 +306,7 @@ class HealthModel:
         transitions = []
         latency_config = config.latency_factor
         stalled: dict[Hashable, float] = {}
+        unanswered: dict[Hashable, float] = {}
         with self._state_lock:
             for key, window in windows.items():
                 if key in self._forgotten or (is_known is not None and not is_known(key)):
@@ -308,8 +314,9 @@ class HealthModel:
                     continue
                 host = stats[key]
                 old = self._health.get(key) or HostHealth.initial(now, config)
-                stalled_s = self._stalled_s(key, host, window.in_flight, now)
+                stalled_s = self._silence.stalled_s(key, host, window.in_flight, now)
                 stalled[key] = stalled_s
+                unanswered[key] = max(stalled_s, self._silence.unanswered_s(key, host, now))
                 failures = host.errors_total + host.timeouts_total
                 answers = host.requests_total - failures
                 new = assess(
@@ -327,7 +334,7 @@ class HealthModel:
                     probe_slow=probe_slow.get(key),
                     peer_bound=bounds[key],
                     lateness_s=lateness_s,
-                    persist_s=persist_s,
+                    recent=recent.get(key),
                 )
                 if probing:
                     new = judge(
@@ -368,15 +375,33 @@ class HealthModel:
                     self._unreported[key] = transition
             for key in self._forgotten:
                 windows.pop(key, None)
-                self._answered.pop(key, None)
+                self._silence.forget(key)
                 self._health.pop(key, None)
                 self._unreported.pop(key, None)
             self._windows = windows
             self.stalled = stalled
+            self.unanswered = unanswered
             self.refreshes += 1
         for transition in transitions:
             self._log(transition)
         return transitions
+
+    def _since_suspected(
+        self, stats: Mapping[Hashable, HostStats], windows: Mapping[Hashable, WindowStats]
+    ) -> dict[Hashable, WindowStats]:
+        """For each host whose tail is suspected since an earlier interval of its window,
+        the answers of the intervals since (a sample disjoint from the one that raised the
+        suspicion; :mod:`adaptive_lb.health_rules`)."""
+        config = self._config
+        recent = {}
+        for key, verdict in list(self._health.items()):
+            since = verdict.suspect_interval
+            window = windows.get(key)
+            if since is None or window is None or window.interval <= since or key not in stats:
+                continue
+            more = lambda n: tail_percentiles(n, config)  # noqa: E731
+            recent[key] = stats[key].window_stats((), more, newer_than=since)
+        return recent
 
     def _measure_racks(
         self,
@@ -405,18 +430,6 @@ class HealthModel:
             measured.setdefault((groups.get(key), racks[key]), []).append(p50)
         into.update(measured, now_ns, self._window_s)
         into.forget({(groups.get(key), rack) for key, rack in racks.items()})
-
-    def _stalled_s(self, key: Hashable, host: HostStats, in_flight: int, now_ns: int) -> float:
-        """Seconds ``key`` has had requests in flight without answering any, judged from
-        its answer count at successive refreshes (no cost on the request path). Timeouts
-        are not answers; client-side ones are counted the same way as server-side ones, so
-        neither is."""
-        answers = host.requests_total - host.timeouts_total
-        previous = self._answered.get(key)
-        if previous is None or previous[0] != answers or in_flight <= 0:
-            self._answered[key] = (answers, now_ns)
-            return 0.0
-        return (now_ns - previous[1]) / _NS
 
     @staticmethod
     def _log(transition: HealthTransition) -> None:

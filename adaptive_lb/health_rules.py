@@ -109,6 +109,21 @@ def _s(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds:.4f}s"
 
 
+def _above(latency: float | None, threshold: float | None) -> bool:
+    return latency is not None and threshold is not None and latency > threshold
+
+
+def _tail_bounds(
+    window: WindowStats, config: HealthConfig
+) -> tuple[float | None, float | None, tuple[float, float, float] | None]:
+    """The window's tail and body lower bounds (:func:`~adaptive_lb.evidence.tail_percentiles`),
+    and the percentiles they were read at."""
+    bounds = tail_percentiles(window.samples, config)
+    if bounds is None:
+        return None, None, None
+    return window.latency.get(bounds[0]), window.latency.get(bounds[2]), bounds
+
+
 def assess(
     previous: HostHealth,
     window: WindowStats,
@@ -125,7 +140,7 @@ def assess(
     probe_slow: str | None = None,
     peer_bound: float | None = None,
     lateness_s: float = 0.0,
-    persist_s: float | None = None,
+    recent: WindowStats | None = None,
 ) -> HostHealth:
     """The next verdict for a host; a pure function (see the module docstring for the
     rules).
@@ -165,29 +180,31 @@ def assess(
     errors_why = None if enough_requests else erroring_by_evidence(window, config)
     erroring = tail_errors or errors_why is not None
     # The tail's lower confidence bound (adaptive_lb.evidence.tail_percentiles) above the
-    # threshold, at every refresh for two disjoint windows (persist_s): a burst of the
-    # client's own lateness leaves the window before that.
-    bounds = tail_percentiles(window.samples, config)
-    tail_low = None if bounds is None else window.latency.get(bounds[0])
-    tail_gap = (
-        enough_samples and threshold is not None and tail_low is not None and tail_low > threshold
-    )
-    # Its body above the threshold too (adaptive_lb.evidence.body_percentile): no burst of
-    # the client's own does that; judged at once.
-    body_low = None if bounds is None else window.latency.get(bounds[2])
-    body_slow = tail_gap and body_low is not None and threshold is not None and body_low > threshold
-    suspect_since = None
+    # threshold, in the window and then in the answers that came after (``recent``): two
+    # disjoint samples. A burst of the client's own lateness is not in both.
+    tail_low, body_low, bounds = _tail_bounds(window, config)
+    tail_gap = enough_samples and _above(tail_low, threshold)
+    body_slow = tail_gap and _above(body_low, threshold)
+    suspect_since = suspect_interval = None
     if tail_gap:
-        suspect_since = now_ns if previous.suspect_since_ns is None else previous.suspect_since_ns
-    persist_ns = round((window_s if persist_s is None else persist_s) * _NS)
+        fresh = previous.suspect_since_ns is None
+        suspect_since = now_ns if fresh else previous.suspect_since_ns
+        suspect_interval = window.interval if fresh else previous.suspect_interval
     suspect_ratio = tail_low / threshold if tail_gap and tail_low and threshold else None
-    tail_slow = body_slow or (suspect_since is not None and now_ns - suspect_since >= persist_ns)
+    confirmed = (
+        suspect_since is not None
+        and recent is not None
+        and recent.interval == window.interval  # the answers of the same moment
+        and _above(_tail_bounds(recent, config)[0], threshold)
+    )
     returned_ns = previous.evidence.returned_ns
     relapsing = (
         previous.state is HealthState.WARMING
         and returned_ns is not None
         and now_ns - returned_ns < RELAPSE_WINDOWS * window_s * _NS
     )
+    # Just back from SLOW, the window that sent it there is the first of the two.
+    tail_slow = body_slow or confirmed or (tail_gap and relapsing)
     least = 1 if relapsing else MIN_EVIDENCE  # just back from SLOW: one clear answer will do
     # The median against the peers' (adaptive_lb.evidence) at any sample count: a host
     # slower through and through is judged at once, from as few answers as settle it.
@@ -228,6 +245,7 @@ def assess(
             probe=probe,
             warm_up_s=warm_up,
             suspect_since_ns=suspect_since,
+            suspect_interval=suspect_interval,
             suspect_ratio=suspect_ratio,
         )
 
@@ -269,7 +287,9 @@ def assess(
         )
         if body_slow and bounds is not None:
             return why + f"p{bounds[2]:.3g} at least {_s(body_low)} too"
-        return why + f"for {held_s:.1f}s"
+        if confirmed and recent is not None:
+            return why + f"and in the {recent.samples} answers of the last {held_s:.1f}s"
+        return why + "just back from SLOW"
 
     # Getting worse: at once.
     if stalled and state is not HealthState.ERRORING:

@@ -56,11 +56,14 @@ class HostHealth:
     stall, see :func:`~adaptive_lb.health_return.warm_up_s`)."""
     suspect_since_ns: int | None = None
     """Since when the lower confidence bound of its tail has been above the SLOW threshold
-    at every refresh (None: it is not): a tail-only verdict needs it to persist across two
-    disjoint windows (:mod:`adaptive_lb.health_rules`)."""
+    at every refresh (None: it is not): a tail-only verdict needs the same of the answers
+    that came after (:mod:`adaptive_lb.health_rules`)."""
+    suspect_interval: int | None = None
+    """The window's interval (:attr:`~adaptive_lb.stats.WindowStats.interval`) when the
+    suspicion began: the answers of later intervals are the second, disjoint sample."""
     suspect_ratio: float | None = None
     """That bound over the threshold at this refresh (None: not above it): the latency
-    factor's floor while the suspicion persists (:mod:`adaptive_lb.latency_factor`)."""
+    factor's floor while the suspicion lasts (:mod:`adaptive_lb.latency_factor`)."""
 
     @classmethod
     def initial(cls, now_ns: int, config: HealthConfig) -> HostHealth:

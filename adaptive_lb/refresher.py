@@ -105,7 +105,7 @@ class HealthRefresh:
             ((view.host, view.stats, view.live) for view in views),
             health.verdicts,
             health.windows,
-            health.stalled,
+            health.unanswered,
             health.clock.now_ns(),
             health.config,
         )

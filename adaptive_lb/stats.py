@@ -64,6 +64,8 @@ class WindowStats:
     """Seconds at each requested percentile; None when there is no sample."""
     ewma: float | None = None
     """Smoothed latency, seconds (None before the first sample)."""
+    interval: int = 0
+    """The number of the window's current interval (:attr:`SlidingWindow.rotations`)."""
     in_flight: int = 0
     """Tracked attempts in flight (:attr:`HostStats.counted_in_flight`): the requests
     whose answers the window waits for, which is what the stall rule needs; the driver's
@@ -350,20 +352,23 @@ class HostStats:
         self,
         percentiles: Sequence[float] = (50.0, 95.0, 99.0),
         more: Callable[[int], Sequence[float] | None] | None = None,
+        newer_than: int | None = None,
     ) -> WindowStats:
         """Counts and latency percentiles over the window, with every event recorded so far
         replayed; the window first moves to the interval of now. The intervals' histograms
         are merged into a scratch histogram (a C-level add per interval, a few us each)
         under the replay lock; the percentiles are read outside it. ``more``: more
-        percentiles, from the window's sample count (None: none)."""
+        percentiles, from the window's sample count (None: none). ``newer_than``: only the
+        intervals entered after the one numbered so (:meth:`SlidingWindow.counts`)."""
         now = self._clock_now()
         with self._replay_lock:
             with self._lock:
                 if now >= self._deadline_ns:
                     self._mark_rotation(now)
             window = self._replay()
-            counts = window.counts()
+            counts = window.counts(newer_than)
             ewma = window.ewma_s
+            interval = window.rotations
         in_flight = self.counted_in_flight
         if more is not None:
             extra = more(counts.samples)
@@ -382,5 +387,6 @@ class HostStats:
             samples=counts.samples,
             latency=latency,
             ewma=ewma,
+            interval=interval,
             in_flight=in_flight,
         )

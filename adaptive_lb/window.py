@@ -113,12 +113,14 @@ class SlidingWindow:
     """The intervals of one host under one layout. Not thread-safe: its owner serialises
     :meth:`replay` and :meth:`counts` (HostStats does, under its replay lock)."""
 
-    __slots__ = ("_current", "_intervals", "ewma_s", "layout")
+    __slots__ = ("_current", "_intervals", "ewma_s", "layout", "rotations")
 
     def __init__(self, layout: WindowLayout, ewma_s: float | None = None) -> None:
         self.layout = layout
         self._intervals = [_Interval() for _ in range(layout.config.intervals)]
         self._current = 0
+        self.rotations = 0
+        """Intervals entered since the window was made: the number of the current one."""
         self.ewma_s = ewma_s
         """Smoothed latency in seconds over every sample replayed (None before the first)."""
 
@@ -202,16 +204,23 @@ class SlidingWindow:
         whole window of idleness)."""
         intervals = self._intervals
         count = len(intervals)
+        self.rotations += steps
         for _ in range(min(steps, count)):
             self._current = (self._current + 1) % count
             intervals[self._current].clear()
 
-    def counts(self) -> WindowCounts:
+    def counts(self, newer_than: int | None = None) -> WindowCounts:
         """The counters summed over the intervals, and their histograms merged into a new
-        histogram of this layout (made only when there is a sample)."""
+        histogram of this layout (made only when there is a sample). ``newer_than``: only
+        the intervals entered after the one numbered so (:attr:`rotations`): answers that
+        arrived since then, none that was in the window at that time."""
         scratch: HdrHistogram | None = None
         successes = errors = timeouts = samples = 0
-        for interval in self._intervals:
+        intervals = self._intervals
+        if newer_than is not None:
+            newest = max(0, min(len(intervals), self.rotations - newer_than))
+            intervals = [intervals[(self._current - j) % len(intervals)] for j in range(newest)]
+        for interval in intervals:
             successes += interval.successes
             errors += interval.errors
             timeouts += interval.timeouts
