@@ -54,6 +54,12 @@ class ClientLateness:
             self._slice_ns = max(1, round(window_s * _NS / self._intervals))
             self._slices = {}
 
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (the parent's refresh thread may have held this
+        one at the fork) and nothing seen (the parent's lateness is not this process's)."""
+        self._lock = threading.Lock()
+        self._slices = {}
+
     def observe(self, now_ns: int, late_s: float) -> None:
         """The client's timer fired ``late_s`` seconds late at ``now_ns``."""
         if not late_s > 0.0:

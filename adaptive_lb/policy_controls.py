@@ -179,6 +179,7 @@ class PolicyControls:
         self._refresh.forget_thread()
         self._refresh.probe_sender = None  # the session it probed through is the parent's
         self.health.probing = False
+        self.health.lateness.after_fork()
         self.stats.remove_in_flight_source()  # the parent's pools
         for view in self._book.topology.by_id.values():
             view.stats.in_flight = 0

@@ -1018,3 +1018,25 @@ def test_a_stall_that_caught_only_untracked_requests_still_makes_the_host_suspec
     c.clock.advance_s(0.2)
     c.refresh()
     assert c.model.unanswered["h0"] == 0.0
+
+
+def test_the_clients_lateness_is_the_largest_of_the_window_and_forgotten_after_it():
+    """ClientLateness: the largest lateness per interval, over the window (10 s in 5)."""
+    from adaptive_lb.lateness import ClientLateness, discounted
+
+    lateness = ClientLateness(10.0, 5)
+    lateness.observe(1 * S, 0.004)
+    lateness.observe(3 * S, 0.020)
+    lateness.observe(3 * S, 0.001)
+    lateness.observe(5 * S, -0.001)  # early: nothing
+    assert lateness.high(5 * S) == 0.020
+    assert lateness.high(11 * S) == 0.020  # the 2-4 s interval is still in the window
+    assert lateness.high(14 * S) == 0.0
+    lateness.observe(14 * S, 0.003)
+    lateness.after_fork()
+    assert lateness.high(14 * S) == 0.0
+    # A host's latency without the client's lateness, never below its peers'.
+    assert discounted(0.030, 0.010, 0.005) == pytest.approx(0.020)
+    assert discounted(0.012, 0.010, 0.005) == 0.005
+    assert discounted(0.004, 0.010, 0.005) == 0.004
+    assert discounted(0.030, 0.0, 0.005) == 0.030
