@@ -27,7 +27,13 @@ from attrs import define, evolve
 
 from adaptive_lb.clock import Clock
 from adaptive_lb.config import HealthConfig
-from adaptive_lb.evidence import MIN_EVIDENCE, latency_spread, tail_percentiles, typical_samples
+from adaptive_lb.evidence import (
+    MIN_EVIDENCE,
+    body_percentile,
+    latency_spread,
+    tail_percentiles,
+    typical_samples,
+)
 from adaptive_lb.health_rules import assess
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.health_verdict import HostHealth, warming_penalty
@@ -273,7 +279,8 @@ class HealthModel:
         config = self._config
         window_s = self._window_s
         self._next_refresh_ns = self._clock.now_ns() + round(config.refresh_interval * _NS)
-        percentiles = sorted({*_REPORTED_PERCENTILES, float(config.percentile)})
+        body = body_percentile(float(config.percentile))
+        percentiles = sorted({*_REPORTED_PERCENTILES, float(config.percentile), body})
         # The expensive part (percentiles), with no lock the hot path or mark_up wait for.
         windows = {
             key: host.window_stats(percentiles, lambda n: tail_percentiles(n, config))
@@ -290,6 +297,7 @@ class HealthModel:
         # The peers' upper confidence bounds of the same percentile: a host's tail must be
         # above what its peers' tails could be, not only above their estimate.
         bounds = peer_medians(_upper_bounds(windows, config), groups, config, racks, distances)
+        bodies = peer_medians(windows, groups, config, racks, distances, body)
         lateness_s = self.lateness.high(now)
         recent = self._since_suspected(stats, windows)
         # For the evidence rules (adaptive_lb.evidence): medians of hosts with a few answers.
@@ -335,6 +343,7 @@ class HealthModel:
                     peer_bound=bounds[key],
                     lateness_s=lateness_s,
                     recent=recent.get(key),
+                    peer_body=bodies[key],
                 )
                 if probing:
                     new = judge(

@@ -82,6 +82,7 @@ from adaptive_lb.config import HealthConfig
 from adaptive_lb.evidence import (
     DEFAULT_SPREAD,
     MIN_EVIDENCE,
+    body_percentile,
     erroring_by_evidence,
     slow_by_evidence,
     tail_percentiles,
@@ -141,6 +142,7 @@ def assess(
     peer_bound: float | None = None,
     lateness_s: float = 0.0,
     recent: WindowStats | None = None,
+    peer_body: float | None = None,
 ) -> HostHealth:
     """The next verdict for a host; a pure function (see the module docstring for the
     rules).
@@ -184,7 +186,15 @@ def assess(
     # disjoint samples. A burst of the client's own lateness is not in both.
     tail_low, body_low, bounds = _tail_bounds(window, config)
     tail_gap = enough_samples and _above(tail_low, threshold)
-    body_slow = tail_gap and _above(body_low, threshold)
+    # Its body (adaptive_lb.evidence.body_percentile) against its peers' body: no burst of
+    # the client's own reaches a tenth of one host's answers without reaching its peers';
+    # judged at once.
+    body_threshold = (
+        None
+        if peer_body is None
+        else max(config.outlier_factor * peer_body, config.slow_floor) + lateness_s
+    )
+    body_slow = enough_samples and _above(body_low, body_threshold)
     suspect_since = suspect_interval = None
     if tail_gap:
         fresh = previous.suspect_since_ns is None
@@ -278,6 +288,13 @@ def assess(
     def slow_reason() -> str:
         if slow_why is not None:
             return slow_why
+        if body_slow and bounds is not None:
+            return (
+                f"p{bounds[2]:.3g} {_s(body_low)} > {_s(body_threshold)} = max("
+                f"{config.outlier_factor:.1f} x peer median p{body_percentile(config.percentile):g}"
+                f" {_s(peer_body)}, floor {_s(config.slow_floor)}) + client lateness "
+                f"{_s(lateness_s)}, {window.samples} samples"
+            )
         held_s = 0.0 if suspect_since is None else (now_ns - suspect_since) / _NS
         why = (
             f"{pct} at least {_s(tail_low)} > {_s(threshold)} = max({config.outlier_factor:.1f}"
@@ -285,8 +302,6 @@ def assess(
             f"{_s(config.slow_floor)}) + client lateness {_s(lateness_s)}, "
             f"{window.samples} samples, "
         )
-        if body_slow and bounds is not None:
-            return why + f"p{bounds[2]:.3g} at least {_s(body_low)} too"
         if confirmed and recent is not None:
             return why + f"and in the {recent.samples} answers of the last {held_s:.1f}s"
         return why + "just back from SLOW"

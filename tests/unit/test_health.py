@@ -733,7 +733,12 @@ def test_assess_is_pure_and_keeps_the_numbers():
 def test_assess_uses_the_configured_percentile():
     config = HealthConfig(percentile=95.0)
     stats = window(latency=0.1, percentile=95.0)
-    assert assess(settled(HEALTHY, 1.0), stats, 0.005, config, S).state is SLOW
+    # Its body (p50 for p95) and its tail 20 x its peers': SLOW at once.
+    slow = assess(settled(HEALTHY, 1.0), stats, 0.005, config, S, peer_body=0.005)
+    assert slow.state is SLOW and slow.reason.startswith("p35 0.1000s > 0.0100s"), slow.reason
+    # Its tail alone: a suspicion.
+    suspected = assess(settled(HEALTHY, 1.0), stats, 0.005, config, S)
+    assert suspected.state is HEALTHY and suspected.suspect_since_ns == S
     other = window(latency=0.1, percentile=99.0)
     first = assess(settled(HEALTHY, 1.0), other, 0.005, config, S)
     assert first.state is HEALTHY and first.suspect_since_ns is None
@@ -948,7 +953,7 @@ def test_window_stats_are_kept_from_the_last_refresh():
     assert kept is not None and kept.samples == 100
     # ...and the percentiles the p99's confidence bounds are read at (of 100 answers: the
     # 6th slowest and the slowest), and its body's lower bound (the 21st slowest).
-    assert set(kept.latency) == {10.0, 50.0, 80.0, 95.0, 99.0, 100.0}
+    assert set(kept.latency) == {10.0, 50.0, 80.0, 90.0, 95.0, 99.0, 100.0}
     c.feed("h0", 5.0, 10)
     assert c.model.window_stats("h0") is kept  # no recomputation until the next refresh
 
