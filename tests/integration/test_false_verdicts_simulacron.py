@@ -4,9 +4,10 @@
 Two runs, the clients of the issue's table at once (adaptive_lb.tools.peers.equal_nodes):
 on a quiet machine, 10 requests a second one at a time and 200 a second with 4 in flight;
 then the same two beside a closed loop of 32 in flight and two processes spinning on the
-client's two cores, for longer than a tail-only verdict takes to form (12 s: two disjoint
-windows), so that a tail the client's own delays made would have had the time to become
-one. ``benchmarks/false_verdicts.py`` runs the six runs of the table apart, 30 s each.
+client's two cores, long enough for a suspected tail to be confirmed on later answers
+(a real one is within 1-3 s), so that a tail the client's own delays made would have had
+the time to become a verdict. ``benchmarks/false_verdicts.py`` runs the six runs of the
+table apart, 30 s each.
 """
 
 from __future__ import annotations
@@ -47,15 +48,15 @@ def policy() -> AdaptiveLoadBalancingPolicy:
 
 
 def test_equal_nodes_quiet_client_no_false_verdict(contact_points):
-    seen = run_loads(contact_points, policy, QUERY, [THIN, PACED], seconds=10.0)
+    seen = run_loads(contact_points, policy, QUERY, [THIN, PACED], seconds=8.0)
     print(f"\nquiet: answered {seen.answered}, failed {seen.failed}")
-    assert seen.answered["thin"] >= 50 and seen.answered["200"] >= 1000, seen
+    assert seen.answered["thin"] >= 40 and seen.answered["200"] >= 800, seen
     assert seen.departures == []
 
 
 def test_equal_nodes_saturated_client_no_false_verdict(contact_points):
     with cpu_hog(2):
-        seen = run_loads(contact_points, policy, QUERY, [THIN, PACED, CLOSED], seconds=20.0)
+        seen = run_loads(contact_points, policy, QUERY, [THIN, PACED, CLOSED], seconds=14.0)
     print(f"\nsaturated: answered {seen.answered}, failed {seen.failed}")
-    assert seen.answered["thin"] >= 50 and seen.answered["closed"] >= 2000, seen
+    assert seen.answered["thin"] >= 40 and seen.answered["closed"] >= 2000, seen
     assert seen.departures == []
