@@ -299,6 +299,7 @@ class HealthModel:
         bounds = peer_medians(_upper_bounds(windows, config), groups, config, racks, distances)
         bodies = peer_medians(windows, groups, config, racks, distances, body)
         lateness_s = self.lateness.high(now)
+        typical_lateness_s = self.lateness.typical(now)
         recent = self._since_suspected(stats, windows)
         # For the evidence rules (adaptive_lb.evidence): medians of hosts with a few answers.
         typical = peer_medians(
@@ -342,6 +343,7 @@ class HealthModel:
                     probe_slow=probe_slow.get(key),
                     peer_bound=bounds[key],
                     lateness_s=lateness_s,
+                    typical_lateness_s=typical_lateness_s,
                     recent=recent.get(key),
                     peer_body=bodies[key],
                 )
@@ -366,7 +368,7 @@ class HealthModel:
                         latency_config,
                         key in probe_slow,
                         new.suspect_ratio,
-                        lateness_s,
+                        typical_lateness_s,
                     )
                 host.latency_factor = latency.factor
                 if new.probe is None:

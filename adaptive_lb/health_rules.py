@@ -141,6 +141,7 @@ def assess(
     probe_slow: str | None = None,
     peer_bound: float | None = None,
     lateness_s: float = 0.0,
+    typical_lateness_s: float = 0.0,
     recent: WindowStats | None = None,
     peer_body: float | None = None,
 ) -> HostHealth:
@@ -218,7 +219,7 @@ def assess(
     least = 1 if relapsing else MIN_EVIDENCE  # just back from SLOW: one clear answer will do
     # The median against the peers' (adaptive_lb.evidence) at any sample count: a host
     # slower through and through is judged at once, from as few answers as settle it.
-    slow_why = slow_by_evidence(window, peer_typical, spread, config, least, lateness_s)
+    slow_why = slow_by_evidence(window, peer_typical, spread, config, least, typical_lateness_s)
     slow = tail_slow or slow_why is not None
     state = previous.state
     in_state_s = (now_ns - previous.since_ns) / _NS

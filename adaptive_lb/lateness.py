@@ -6,20 +6,25 @@ That delay is the client's, not the host's, and it lands on whichever hosts had 
 flight at the moment. It is also what delays a periodic timer of the client's own: the
 health refresh sleeps ``health.refresh_interval`` and measures how much longer the sleep
 took (:class:`adaptive_lb.refresher.HealthRefresher`; the simulator feeds its own pauses).
-:class:`ClientLateness` keeps the largest lateness seen in each interval of the statistics
-window, so that the health judgement can discount what the client itself may have added to
-any answer in the window (:mod:`adaptive_lb.judgement`).
+:class:`ClientLateness` keeps what it saw over the statistics window, so that the health
+judgement (:mod:`adaptive_lb.health_rules`, :mod:`adaptive_lb.evidence`) can discount what
+the client itself may have added: the largest lateness from any one answer (a tail), the
+median from most of them (a median).
 
 Imports the standard library only.
 """
 
 from __future__ import annotations
 
+import collections
+import statistics
 import threading
 
-__all__ = ["ClientLateness", "discounted"]
+__all__ = ["MAX_OBSERVATIONS", "ClientLateness", "discounted"]
 
 _NS = 1_000_000_000
+MAX_OBSERVATIONS = 4096
+"""Observations kept: a window's worth at the shortest refresh interval (10 ms) and more."""
 
 
 def discounted(latency_s: float, lateness_s: float, reference_s: float) -> float:
@@ -34,47 +39,58 @@ def discounted(latency_s: float, lateness_s: float, reference_s: float) -> float
 
 
 class ClientLateness:
-    """The largest lateness of the client's own timer over a sliding window of
-    ``window_s`` seconds in ``intervals`` slices. Thread-safe (one lock, taken a few times a
-    second, never on the request path)."""
+    """How late the client's own timer fired over a sliding window of ``window_s`` seconds
+    (in ``intervals`` slices, as the statistics window): the largest lateness (:meth:`high`:
+    what the client may have added to any one answer) and the median (:meth:`typical`: what
+    it added to most). Thread-safe (one lock, taken a few times a second, never on the
+    request path); at most :data:`MAX_OBSERVATIONS` kept."""
 
-    __slots__ = ("_intervals", "_lock", "_slice_ns", "_slices")
+    __slots__ = ("_intervals", "_lock", "_seen", "_slice_ns")
 
     def __init__(self, window_s: float = 10.0, intervals: int = 5) -> None:
         self._lock = threading.Lock()
         self._intervals = max(1, intervals)
         self._slice_ns = max(1, round(window_s * _NS / self._intervals))
-        self._slices: dict[int, float] = {}
-        """Slice number (time // slice length) -> the largest lateness seen in it, s."""
+        self._seen: collections.deque[tuple[int, float]] = collections.deque(
+            maxlen=MAX_OBSERVATIONS
+        )
+        """(slice number, lateness in s) of each observation, oldest first."""
 
     def reconfigure(self, window_s: float, intervals: int) -> None:
         """A new window length (a reload): what was seen is forgotten."""
         with self._lock:
             self._intervals = max(1, intervals)
             self._slice_ns = max(1, round(window_s * _NS / self._intervals))
-            self._slices = {}
+            self._seen.clear()
 
     def after_fork(self) -> None:
         """In a forked child: a new lock (the parent's refresh thread may have held this
         one at the fork) and nothing seen (the parent's lateness is not this process's)."""
         self._lock = threading.Lock()
-        self._slices = {}
+        self._seen = collections.deque(maxlen=MAX_OBSERVATIONS)
 
     def observe(self, now_ns: int, late_s: float) -> None:
-        """The client's timer fired ``late_s`` seconds late at ``now_ns``."""
-        if not late_s > 0.0:
-            return
+        """The client's timer fired ``late_s`` seconds late at ``now_ns`` (early counts as
+        on time)."""
         with self._lock:
-            current = now_ns // self._slice_ns
-            if late_s > self._slices.get(current, 0.0):
-                self._slices[current] = late_s
-            oldest = current - self._intervals
-            for key in [key for key in self._slices if key <= oldest]:
-                del self._slices[key]
+            self._seen.append((now_ns // self._slice_ns, max(0.0, late_s)))
+
+    def _window(self, now_ns: int) -> list[float]:
+        oldest = now_ns // self._slice_ns - self._intervals
+        seen = self._seen
+        while seen and seen[0][0] <= oldest:
+            seen.popleft()
+        return [late for _, late in seen]
 
     def high(self, now_ns: int) -> float:
         """The largest lateness in the window ending at ``now_ns``, seconds (0 when none
         was seen)."""
         with self._lock:
-            oldest = now_ns // self._slice_ns - self._intervals
-            return max((late for key, late in self._slices.items() if key > oldest), default=0.0)
+            return max(self._window(now_ns), default=0.0)
+
+    def typical(self, now_ns: int) -> float:
+        """The median lateness in the window ending at ``now_ns``, seconds (0 when none
+        was seen)."""
+        with self._lock:
+            window = self._window(now_ns)
+        return statistics.median(window) if window else 0.0

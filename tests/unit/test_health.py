@@ -1026,17 +1026,20 @@ def test_a_stall_that_caught_only_untracked_requests_still_makes_the_host_suspec
 
 
 def test_the_clients_lateness_is_the_largest_of_the_window_and_forgotten_after_it():
-    """ClientLateness: the largest lateness per interval, over the window (10 s in 5)."""
+    """ClientLateness: the largest and the median lateness over the window (10 s in 5
+    intervals of 2 s)."""
     from adaptive_lb.lateness import ClientLateness, discounted
 
     lateness = ClientLateness(10.0, 5)
     lateness.observe(1 * S, 0.004)
     lateness.observe(3 * S, 0.020)
     lateness.observe(3 * S, 0.001)
-    lateness.observe(5 * S, -0.001)  # early: nothing
+    lateness.observe(5 * S, -0.001)  # early: on time
     assert lateness.high(5 * S) == 0.020
+    assert lateness.typical(5 * S) == pytest.approx(0.0025)
     assert lateness.high(11 * S) == 0.020  # the 2-4 s interval is still in the window
-    assert lateness.high(14 * S) == 0.0
+    assert lateness.typical(11 * S) == pytest.approx(0.001)
+    assert lateness.high(14 * S) == 0.0 and lateness.typical(14 * S) == 0.0
     lateness.observe(14 * S, 0.003)
     lateness.after_fork()
     assert lateness.high(14 * S) == 0.0
