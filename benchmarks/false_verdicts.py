@@ -12,7 +12,8 @@ the client's two cores (``hog-*``). Each run is one session of the real driver w
 ``attach(session)`` and the shipped defaults around
 ``TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1"))``. It prints every transition out of
 ``healthy`` (each is a false verdict: nothing differs between the nodes) and the count per
-run; ``--json FILE`` writes them.
+run; ``--json FILE`` writes them, ``--record`` the counts to docs/figures.json
+(``false_verdicts/<driver>``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _e2e
+import figures
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
@@ -43,6 +45,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="per run (30)")
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated ({RUNS})")
     parser.add_argument("--json", type=Path, help="write the results here")
+    figures.add_record_option(parser)
     args = parser.parse_args()
     runs = args.runs.split(",")
     unknown = [run for run in runs if run not in RUNS]
@@ -82,6 +85,8 @@ def main() -> int:
     print(f"total: {total} false verdicts in {len(results)} runs of {args.seconds:g} s")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    counts = {run: result["false_verdicts"] for run, result in results.items()}
+    figures.record_run("false_verdicts", args.record, {**counts, "total": total}, None)
     return 0
 
 
