@@ -75,6 +75,7 @@ __all__ = [
     "slow_by_evidence",
     "tail_percentiles",
     "tail_ranks",
+    "twice_as_sure",
     "typical_samples",
 ]
 
@@ -124,6 +125,13 @@ def samples_needed(
     return max(float(least), (certainty * _MEDIAN_SE * spread / margin) ** 2)
 
 
+def twice_as_sure(certainty: float) -> float:
+    """The certainty of a test whose false-alarm probability is the square of one at
+    ``certainty`` (:func:`false_alarm`): what one sample must show to be worth two disjoint
+    ones (4.63 for 3)."""
+    return -statistics.NormalDist().inv_cdf(false_alarm(certainty) ** 2)
+
+
 def false_alarm(certainty: float) -> float:
     """The one-sided false-alarm probability of a test at ``certainty`` standard deviations
     (``health.certainty`` 3: 0.00135), the ``alpha`` of :func:`tail_ranks`."""
@@ -171,16 +179,19 @@ def body_percentile(percentile: float) -> float:
     return max(50.0, 100.0 - BODY_SHARE * (100.0 - percentile))
 
 
-def tail_percentiles(samples: int, config: HealthConfig) -> tuple[float, float, float] | None:
+def tail_percentiles(
+    samples: int, config: HealthConfig, certainty: float | None = None
+) -> tuple[float, float, float] | None:
     """The percentiles of a window of ``samples`` answers at which the lower and upper
     confidence bounds of its latency at ``health.percentile`` lie, and the lower bound at
     :func:`body_percentile` (:func:`tail_ranks` at :func:`false_alarm` of
     ``health.certainty``), as a histogram reads them; None with fewer than
     :data:`MIN_EVIDENCE` answers, or when the tail's lower bound would need more answers
-    above it than the window holds."""
+    above it than the window holds. ``certainty``: of the bounds (default
+    ``health.certainty``)."""
     if samples < MIN_EVIDENCE:
         return None
-    alpha = false_alarm(config.certainty)
+    alpha = false_alarm(config.certainty if certainty is None else certainty)
     low, high = tail_ranks(samples, float(config.percentile), alpha)
     body, _ = tail_ranks(samples, body_percentile(float(config.percentile)), alpha)
     low = max(low, MIN_EVIDENCE)
@@ -213,6 +224,7 @@ def slow_by_evidence(
     config: HealthConfig,
     least: int = MIN_EVIDENCE,
     lateness_s: float = 0.0,
+    certainty: float | None = None,
 ) -> str | None:
     """Why the host is a latency outlier by the evidence (its median against
     ``peer_typical``, its peers' median of medians, at the cluster's ``spread`` or the
@@ -220,7 +232,8 @@ def slow_by_evidence(
     ``least``: the fewest answers that may decide (1 for a host just back from SLOW: the
     evidence that sent it there is the rest). ``lateness_s``: the client's own lateness
     over the window (:mod:`adaptive_lb.lateness`): taken off the host's median
-    (:func:`~adaptive_lb.lateness.discounted`) and the jitter floor when it is larger."""
+    (:func:`~adaptive_lb.lateness.discounted`) and the jitter floor when it is larger.
+    ``certainty``: standard errors of confidence (default ``health.certainty``)."""
     typical = window.latency.get(50.0)
     if typical is None or not peer_typical:
         return None
@@ -229,7 +242,8 @@ def slow_by_evidence(
         return None
     ratio = typical / peer_typical
     own = floored_spread(spread, max(config.latency_factor.jitter, lateness_s), typical)
-    needed = samples_needed(ratio, config.outlier_factor, own, config.certainty, least)
+    sure = config.certainty if certainty is None else certainty
+    needed = samples_needed(ratio, config.outlier_factor, own, sure, least)
     if window.samples < needed:
         return None
     return (

@@ -32,6 +32,7 @@ from adaptive_lb.evidence import (
     body_percentile,
     latency_spread,
     tail_percentiles,
+    twice_as_sure,
     typical_samples,
 )
 from adaptive_lb.health_rules import assess
@@ -283,7 +284,7 @@ class HealthModel:
         percentiles = sorted({*_REPORTED_PERCENTILES, float(config.percentile), body})
         # The expensive part (percentiles), with no lock the hot path or mark_up wait for.
         windows = {
-            key: host.window_stats(percentiles, lambda n: tail_percentiles(n, config))
+            key: host.window_stats(percentiles, lambda n: _bounds_read(n, config))
             for key, host in stats.items()
         }
         now = self._clock.now_ns()
@@ -410,7 +411,7 @@ class HealthModel:
             window = windows.get(key)
             if since is None or window is None or window.interval <= since or key not in stats:
                 continue
-            more = lambda n: tail_percentiles(n, config)  # noqa: E731
+            more = lambda n: _bounds_read(n, config)  # noqa: E731
             recent[key] = stats[key].window_stats((), more, newer_than=since)
         return recent
 
@@ -468,3 +469,14 @@ def _upper_bounds(
         value = None if bounds is None else window.latency.get(bounds[1])
         upper[key] = evolve(window, latency={percentile: value})
     return upper
+
+
+def _bounds_read(samples: int, config: HealthConfig) -> list[float] | None:
+    """The percentiles a window of ``samples`` answers is read at for the health rules'
+    confidence bounds (:func:`~adaptive_lb.evidence.tail_percentiles`), at
+    ``health.certainty`` and twice as sure (:func:`~adaptive_lb.evidence.twice_as_sure`)."""
+    bounds = tail_percentiles(samples, config)
+    if bounds is None:
+        return None
+    strong = tail_percentiles(samples, config, twice_as_sure(config.certainty)) or ()
+    return [*bounds, *strong]

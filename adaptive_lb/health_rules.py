@@ -78,6 +78,8 @@ way back and the evidence only.
 
 from __future__ import annotations
 
+from attrs import define
+
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.evidence import (
     DEFAULT_SPREAD,
@@ -86,6 +88,7 @@ from adaptive_lb.evidence import (
     erroring_by_evidence,
     slow_by_evidence,
     tail_percentiles,
+    twice_as_sure,
 )
 from adaptive_lb.health_return import (
     CLEAN_STREAK,
@@ -114,15 +117,52 @@ def _above(latency: float | None, threshold: float | None) -> bool:
     return latency is not None and threshold is not None and latency > threshold
 
 
-def _tail_bounds(
-    window: WindowStats, config: HealthConfig
-) -> tuple[float | None, float | None, tuple[float, float, float] | None]:
-    """The window's tail and body lower bounds (:func:`~adaptive_lb.evidence.tail_percentiles`),
-    and the percentiles they were read at."""
-    bounds = tail_percentiles(window.samples, config)
-    if bounds is None:
-        return None, None, None
-    return window.latency.get(bounds[0]), window.latency.get(bounds[2]), bounds
+def _threshold_text(
+    config: HealthConfig,
+    peers: float | None,
+    bound: float | None,
+    lateness_s: float,
+    body: bool = False,
+) -> str:
+    """How a threshold was made, for the reason of a verdict."""
+    which = f"p{body_percentile(config.percentile):g}" if body else f"p{config.percentile:g}"
+    parts = [f"{config.outlier_factor:.1f} x peer median {which} {_s(peers)}"]
+    if bound is not None:
+        parts.append(f"peer bound {_s(bound)}")
+    parts.append(f"floor {_s(config.slow_floor)}")
+    return f"max({', '.join(parts)}) + client lateness {_s(lateness_s)}"
+
+
+@define(frozen=True)
+class _Gap:
+    """Why a sample of a host's answers shows it slower than its peers at a certainty
+    (None: it does not): its median (:func:`~adaptive_lb.evidence.slow_by_evidence`), its
+    body or its tail (their lower confidence bounds, :func:`~adaptive_lb.evidence.tail_percentiles`,
+    above ``body`` and ``tail``: a threshold and how it was made)."""
+
+    config: HealthConfig
+    peer_typical: float | None
+    spread: float
+    least: int
+    lateness_s: float
+    tail: tuple[float | None, str]
+    body: tuple[float | None, str]
+
+    def __call__(self, sample: WindowStats, certainty: float, tails: bool) -> str | None:
+        config = self.config
+        why = slow_by_evidence(
+            sample, self.peer_typical, self.spread, config, self.least, self.lateness_s, certainty
+        )
+        if why is not None or not tails:
+            return why
+        bounds = tail_percentiles(sample.samples, config, certainty)
+        if bounds is None:
+            return None
+        for (threshold, made), at in ((self.body, bounds[2]), (self.tail, bounds[0])):
+            value = sample.latency.get(at)
+            if _above(value, threshold):
+                return f"p{at:.3g} {_s(value)} > {_s(threshold)} = {made}, {sample.samples} samples"
+        return None
 
 
 def assess(
@@ -182,31 +222,11 @@ def assess(
     # The evidence rules judge hosts the tail rules cannot yet (fewer than min_samples).
     errors_why = None if enough_requests else erroring_by_evidence(window, config)
     erroring = tail_errors or errors_why is not None
-    # The tail's lower confidence bound (adaptive_lb.evidence.tail_percentiles) above the
-    # threshold, in the window and then in the answers that came after (``recent``): two
-    # disjoint samples. A burst of the client's own lateness is not in both.
-    tail_low, body_low, bounds = _tail_bounds(window, config)
-    tail_gap = enough_samples and _above(tail_low, threshold)
-    # Its body (adaptive_lb.evidence.body_percentile) against its peers' body: no burst of
-    # the client's own reaches a tenth of one host's answers without reaching its peers';
-    # judged at once.
+    # Its body (adaptive_lb.evidence.body_percentile) against its peers' body.
     body_threshold = (
         None
         if peer_body is None
         else max(config.outlier_factor * peer_body, config.slow_floor) + lateness_s
-    )
-    body_slow = enough_samples and _above(body_low, body_threshold)
-    suspect_since = suspect_interval = None
-    if tail_gap:
-        fresh = previous.suspect_since_ns is None
-        suspect_since = now_ns if fresh else previous.suspect_since_ns
-        suspect_interval = window.interval if fresh else previous.suspect_interval
-    suspect_ratio = tail_low / threshold if tail_gap and tail_low and threshold else None
-    confirmed = (
-        suspect_since is not None
-        and recent is not None
-        and recent.interval == window.interval  # the answers of the same moment
-        and _above(_tail_bounds(recent, config)[0], threshold)
     )
     returned_ns = previous.evidence.returned_ns
     relapsing = (
@@ -214,13 +234,43 @@ def assess(
         and returned_ns is not None
         and now_ns - returned_ns < RELAPSE_WINDOWS * window_s * _NS
     )
-    # Just back from SLOW, the window that sent it there is the first of the two.
-    tail_slow = body_slow or confirmed or (tail_gap and relapsing)
     least = 1 if relapsing else MIN_EVIDENCE  # just back from SLOW: one clear answer will do
-    # The median against the peers' (adaptive_lb.evidence) at any sample count: a host
-    # slower through and through is judged at once, from as few answers as settle it.
-    slow_why = slow_by_evidence(window, peer_typical, spread, config, least, typical_lateness_s)
-    slow = tail_slow or slow_why is not None
+    gap = _Gap(
+        config,
+        peer_typical,
+        spread,
+        least,
+        typical_lateness_s,
+        (threshold, _threshold_text(config, peer_median, peer_bound, lateness_s)),
+        (body_threshold, _threshold_text(config, peer_body, None, lateness_s, body=True)),
+    )
+    # A verdict needs evidence at alpha squared: from the window alone (twice as sure), or
+    # at alpha from the window (a suspicion) and again from the answers that came after
+    # (``recent``: a disjoint sample). A burst of the client's own is not in both.
+    strong_why = gap(window, twice_as_sure(config.certainty), enough_samples)
+    weak_why = strong_why or gap(window, config.certainty, enough_samples)
+    suspect_since = suspect_interval = None
+    if weak_why is not None:
+        fresh = previous.suspect_since_ns is None
+        suspect_since = now_ns if fresh else previous.suspect_since_ns
+        suspect_interval = window.interval if fresh else previous.suspect_interval
+    tail_bounds = tail_percentiles(window.samples, config)
+    tail_low = None if tail_bounds is None else window.latency.get(tail_bounds[0])
+    suspect_ratio = None
+    if suspect_since is not None and enough_samples and _above(tail_low, threshold):
+        suspect_ratio = tail_low / threshold  # type: ignore[operator]
+    slow_why = strong_why
+    if slow_why is None and weak_why is not None:
+        held_s = (now_ns - (suspect_since or now_ns)) / _NS
+        fresh_sample = recent is not None and recent.interval == window.interval
+        again = gap(recent, config.certainty, True) if fresh_sample else None  # type: ignore[arg-type]
+        if again is not None and recent is not None:
+            slow_why = (
+                f"{weak_why}; again in the {recent.samples} answers of the last {held_s:.1f}s"
+            )
+        elif relapsing:
+            slow_why = f"{weak_why}; just back from SLOW"
+    slow = slow_why is not None
     state = previous.state
     in_state_s = (now_ns - previous.since_ns) / _NS
     settled = in_state_s >= config.min_state_duration
@@ -287,25 +337,7 @@ def assess(
         return verdict(new_state, penalty, reason, now_ns, new_cause, new_evidence)
 
     def slow_reason() -> str:
-        if slow_why is not None:
-            return slow_why
-        if body_slow and bounds is not None:
-            return (
-                f"p{bounds[2]:.3g} {_s(body_low)} > {_s(body_threshold)} = max("
-                f"{config.outlier_factor:.1f} x peer median p{body_percentile(config.percentile):g}"
-                f" {_s(peer_body)}, floor {_s(config.slow_floor)}) + client lateness "
-                f"{_s(lateness_s)}, {window.samples} samples"
-            )
-        held_s = 0.0 if suspect_since is None else (now_ns - suspect_since) / _NS
-        why = (
-            f"{pct} at least {_s(tail_low)} > {_s(threshold)} = max({config.outlier_factor:.1f}"
-            f" x peer median {_s(peer_median)}, peer bound {_s(peer_bound)}, floor "
-            f"{_s(config.slow_floor)}) + client lateness {_s(lateness_s)}, "
-            f"{window.samples} samples, "
-        )
-        if confirmed and recent is not None:
-            return why + f"and in the {recent.samples} answers of the last {held_s:.1f}s"
-        return why + "just back from SLOW"
+        return slow_why or ""
 
     # Getting worse: at once.
     if stalled and state is not HealthState.ERRORING:

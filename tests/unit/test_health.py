@@ -19,7 +19,12 @@ from hypothesis import strategies as st
 from adaptive_lb import health, health_rules, health_verdict, peer_groups
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, HealthPenalties, TrackingConfig
-from adaptive_lb.evidence import MIN_EVIDENCE, error_rate_lower_bound, tail_percentiles
+from adaptive_lb.evidence import (
+    MIN_EVIDENCE,
+    error_rate_lower_bound,
+    tail_percentiles,
+    twice_as_sure,
+)
 from adaptive_lb.health import (
     HealthModel,
     HealthState,
@@ -90,8 +95,10 @@ def window(
     """A window whose tail is all at ``latency``: at ``percentile`` and at its confidence
     bounds (adaptive_lb.evidence.tail_percentiles)."""
     requests = samples + errors if requests is None else requests
-    bounds = tail_percentiles(samples, HealthConfig(percentile=percentile))
-    tail = {} if bounds is None else dict.fromkeys(bounds, latency)
+    config = HealthConfig(percentile=percentile)
+    bounds = tail_percentiles(samples, config) or ()
+    strong = tail_percentiles(samples, config, twice_as_sure(config.certainty)) or ()
+    tail = dict.fromkeys((*bounds, *strong), latency)
     return WindowStats(
         requests=requests,
         successes=requests - errors,
@@ -182,36 +189,35 @@ def test_the_tail_rule_needs_min_samples_a_clear_gap_needs_a_few():
 
 
 def tail_cluster(slow_ms: float = 60.0) -> Cluster:
-    """Five hosts at 5 ms, one of them (h0) with 5 % of its answers ``slow_ms`` late."""
+    """Five hosts at 5 ms, one of them (h0) with 4 % of its answers ``slow_ms`` late."""
     c = Cluster()
-    c.feed_all(5.0, 95)
-    c.feed("h0", slow_ms, 5)
+    c.feed_all(5.0, 96)
+    c.feed("h0", slow_ms, 4)
     return c
 
 
 def test_a_tail_only_verdict_needs_the_gap_in_two_disjoint_samples():
-    """The tail's bound above the threshold raises a suspicion; the same test on the
-    answers of the window's later intervals alone (none of which the first test saw)
-    makes it SLOW."""
+    """The tail's bound above the threshold at ``health.certainty`` raises a suspicion;
+    the same test on the answers of the window's later intervals alone (none of which the
+    first test saw) makes it SLOW, before the window alone is twice as sure."""
     c = tail_cluster()
     states = []
     for _ in range(6):
         c.refresh()
         states.append(c.state("h0"))
         c.clock.advance_s(1.0)
-        c.feed_all(5.0, 95)
-        c.feed("h0", 60.0, 5)
-    # Of the first 100 answers, 5 slow do not bound the p99 (the 6th slowest does): the
-    # suspicion starts at 1 s, in the window's first interval (2 s); at 2 s the second
-    # interval holds 100 answers, too few to bound it; at 3 s, 200.
+        c.feed_all(5.0, 96)
+        c.feed("h0", 60.0, 4)
+    # 4 slow of the first 100 answers do not bound the p99 (the 6th slowest does); 8 of
+    # 200 do: suspected at 1 s, in the window's first interval (2 s). At 2 s the second
+    # interval holds 100 answers, too few; at 3 s, 200: again.
     assert states[:3] == [HEALTHY] * 3, states
     assert states[3:] == [SLOW] * 3, states
     transition = next(t for t in c.transitions if t.key == "h0")
     assert transition.new.since_ns == 3 * S and transition.old.suspect_since_ns == 1 * S
     reason = transition.new.reason
-    assert re.match(r"p99 at least 0\.06\d*s > 0\.0\d+s = max\(2\.0 x peer median", reason), reason
-    expected = "client lateness 0.0000s, 400 samples, and in the 200 answers of the last 2.0s"
-    assert reason.endswith(expected), reason
+    assert re.match(r"p97\.2 0\.06\d*s > 0\.0100s = max\(2\.0 x peer median p99", reason), reason
+    assert reason.endswith("400 samples; again in the 200 answers of the last 2.0s"), reason
 
 
 def test_a_burst_that_leaves_the_window_is_never_a_verdict():
@@ -733,12 +739,13 @@ def test_assess_is_pure_and_keeps_the_numbers():
 def test_assess_uses_the_configured_percentile():
     config = HealthConfig(percentile=95.0)
     stats = window(latency=0.1, percentile=95.0)
-    # Its body (p50 for p95) and its tail 20 x its peers': SLOW at once.
+    # Its body (p50 for p95) 20 x its peers': SLOW at once (its 27th percentile is, twice
+    # as surely).
     slow = assess(settled(HEALTHY, 1.0), stats, 0.005, config, S, peer_body=0.005)
-    assert slow.state is SLOW and slow.reason.startswith("p35 0.1000s > 0.0100s"), slow.reason
-    # Its tail alone: a suspicion.
-    suspected = assess(settled(HEALTHY, 1.0), stats, 0.005, config, S)
-    assert suspected.state is HEALTHY and suspected.suspect_since_ns == S
+    assert slow.state is SLOW and slow.reason.startswith("p27 0.1000s > 0.0100s"), slow.reason
+    # Its tail alone, as surely (a tail of 100 answers bounded twice as surely): SLOW too.
+    tail = assess(settled(HEALTHY, 1.0), stats, 0.005, config, S)
+    assert tail.state is SLOW and tail.reason.startswith("p82 0.1000s"), tail.reason
     other = window(latency=0.1, percentile=99.0)
     first = assess(settled(HEALTHY, 1.0), other, 0.005, config, S)
     assert first.state is HEALTHY and first.suspect_since_ns is None
@@ -953,7 +960,8 @@ def test_window_stats_are_kept_from_the_last_refresh():
     assert kept is not None and kept.samples == 100
     # ...and the percentiles the p99's confidence bounds are read at (of 100 answers: the
     # 6th slowest and the slowest), and its body's lower bound (the 21st slowest).
-    assert set(kept.latency) == {10.0, 50.0, 80.0, 90.0, 95.0, 99.0, 100.0}
+    # At twice the certainty (a verdict from one sample): the 9th and the 27th slowest.
+    assert set(kept.latency) == {10.0, 50.0, 74.0, 80.0, 90.0, 92.0, 95.0, 99.0, 100.0}
     c.feed("h0", 5.0, 10)
     assert c.model.window_stats("h0") is kept  # no recomputation until the next refresh
 
