@@ -247,7 +247,9 @@ def assess(
     # A verdict needs evidence at alpha squared: from the window alone (twice as sure), or
     # at alpha from the window (a suspicion) and again from the answers that came after
     # (``recent``: a disjoint sample). A burst of the client's own is not in both.
-    strong_why = gap(window, twice_as_sure(config.certainty), enough_samples)
+    # Twice as sure from one window only over min_samples answers: fewer can all come
+    # from one moment (a warm-up, a starved process).
+    strong_why = gap(window, twice_as_sure(config.certainty), True) if enough_samples else None
     weak_why = strong_why or gap(window, config.certainty, enough_samples)
     suspect_since = suspect_interval = None
     if weak_why is not None:

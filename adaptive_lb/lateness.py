@@ -8,8 +8,8 @@ health refresh sleeps ``health.refresh_interval`` and measures how much longer t
 took (:class:`adaptive_lb.refresher.HealthRefresher`; the simulator feeds its own pauses).
 :class:`ClientLateness` keeps what it saw over the statistics window, so that the health
 judgement (:mod:`adaptive_lb.health_rules`, :mod:`adaptive_lb.evidence`) can discount what
-the client itself may have added: the largest lateness from any one answer (a tail), the
-median from most of them (a median).
+the client itself may have added: the largest lateness to any one answer (a tail), the
+90th percentile to most of them (a median).
 
 Imports the standard library only.
 """
@@ -17,7 +17,6 @@ Imports the standard library only.
 from __future__ import annotations
 
 import collections
-import statistics
 import threading
 
 __all__ = ["MAX_OBSERVATIONS", "ClientLateness", "discounted"]
@@ -89,8 +88,8 @@ class ClientLateness:
             return max(self._window(now_ns), default=0.0)
 
     def typical(self, now_ns: int) -> float:
-        """The median lateness in the window ending at ``now_ns``, seconds (0 when none
-        was seen)."""
+        """The lateness of most of the window ending at ``now_ns``: its 90th percentile,
+        seconds (0 when none was seen)."""
         with self._lock:
-            window = self._window(now_ns)
-        return statistics.median(window) if window else 0.0
+            window = sorted(self._window(now_ns))
+        return window[min(len(window) - 1, int(0.9 * len(window)))] if window else 0.0

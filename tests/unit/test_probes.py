@@ -275,7 +275,7 @@ def test_an_idle_client_probes_nothing():
 
 def test_a_slow_host_is_probed_unless_its_traffic_is_fresh():
     cluster = Cluster()
-    for _ in range(10):
+    for _ in range(20):  # suspected, then SLOW on the next interval's answers
         for key in ("h0", "h1", "h2"):
             cluster.request(key, 60.0 if key == "h0" else 2.0)
         cluster.refresh()
