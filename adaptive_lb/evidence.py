@@ -57,6 +57,8 @@ import math
 import statistics
 from collections.abc import Hashable, Iterable, Mapping
 
+from attrs import evolve
+
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.latency_factor import floored_spread
 from adaptive_lb.lateness import discounted
@@ -67,6 +69,7 @@ __all__ = [
     "MIN_EVIDENCE",
     "MIN_SPREAD",
     "body_percentile",
+    "bound_percentiles",
     "error_rate_lower_bound",
     "erroring_by_evidence",
     "false_alarm",
@@ -77,6 +80,7 @@ __all__ = [
     "tail_ranks",
     "twice_as_sure",
     "typical_samples",
+    "upper_bound_windows",
 ]
 
 MIN_EVIDENCE = 3
@@ -278,3 +282,29 @@ def typical_samples(
         if window.samples >= MIN_EVIDENCE:
             counts.setdefault(groups.get(key), []).append(window.samples)
     return {group: round(statistics.median(values)) for group, values in counts.items()}
+
+
+def upper_bound_windows(
+    windows: Mapping[Hashable, WindowStats], config: HealthConfig
+) -> dict[Hashable, WindowStats]:
+    """Each window with its latency at ``health.percentile`` replaced by that percentile's
+    upper confidence bound (:func:`~adaptive_lb.evidence.tail_percentiles`; None without
+    one), for :func:`~adaptive_lb.peer_groups.peer_medians`."""
+    percentile = float(config.percentile)
+    upper = {}
+    for key, window in windows.items():
+        bounds = tail_percentiles(window.samples, config)
+        value = None if bounds is None else window.latency.get(bounds[1])
+        upper[key] = evolve(window, latency={percentile: value})
+    return upper
+
+
+def bound_percentiles(samples: int, config: HealthConfig) -> list[float] | None:
+    """The percentiles a window of ``samples`` answers is read at for the health rules'
+    confidence bounds (:func:`~adaptive_lb.evidence.tail_percentiles`), at
+    ``health.certainty`` and twice as sure (:func:`~adaptive_lb.evidence.twice_as_sure`)."""
+    bounds = tail_percentiles(samples, config)
+    if bounds is None:
+        return None
+    strong = tail_percentiles(samples, config, twice_as_sure(config.certainty)) or ()
+    return [*bounds, *strong]

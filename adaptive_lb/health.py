@@ -23,17 +23,17 @@ import threading
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from attrs import define, evolve
+from attrs import define
 
 from adaptive_lb.clock import Clock
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.evidence import (
     MIN_EVIDENCE,
     body_percentile,
+    bound_percentiles,
     latency_spread,
-    tail_percentiles,
-    twice_as_sure,
     typical_samples,
+    upper_bound_windows,
 )
 from adaptive_lb.health_rules import assess
 from adaptive_lb.health_state import HealthState
@@ -284,7 +284,7 @@ class HealthModel:
         percentiles = sorted({*_REPORTED_PERCENTILES, float(config.percentile), body})
         # The expensive part (percentiles), with no lock the hot path or mark_up wait for.
         windows = {
-            key: host.window_stats(percentiles, lambda n: _bounds_read(n, config))
+            key: host.window_stats(percentiles, lambda n: bound_percentiles(n, config))
             for key, host in stats.items()
         }
         now = self._clock.now_ns()
@@ -297,7 +297,9 @@ class HealthModel:
         medians = peer_medians(windows, groups, config, racks, distances)
         # The peers' upper confidence bounds of the same percentile: a host's tail must be
         # above what its peers' tails could be, not only above their estimate.
-        bounds = peer_medians(_upper_bounds(windows, config), groups, config, racks, distances)
+        bounds = peer_medians(
+            upper_bound_windows(windows, config), groups, config, racks, distances
+        )
         bodies = peer_medians(windows, groups, config, racks, distances, body)
         lateness_s = self.lateness.high(now)
         typical_lateness_s = self.lateness.typical(now)
@@ -411,7 +413,7 @@ class HealthModel:
             window = windows.get(key)
             if since is None or window is None or window.interval <= since or key not in stats:
                 continue
-            more = lambda n: _bounds_read(n, config)  # noqa: E731
+            more = lambda n: bound_percentiles(n, config)  # noqa: E731
             recent[key] = stats[key].window_stats((), more, newer_than=since)
         return recent
 
@@ -454,29 +456,3 @@ class HealthModel:
             new.penalty,
             new.reason,
         )
-
-
-def _upper_bounds(
-    windows: Mapping[Hashable, WindowStats], config: HealthConfig
-) -> dict[Hashable, WindowStats]:
-    """Each window with its latency at ``health.percentile`` replaced by that percentile's
-    upper confidence bound (:func:`~adaptive_lb.evidence.tail_percentiles`; None without
-    one), for :func:`~adaptive_lb.peer_groups.peer_medians`."""
-    percentile = float(config.percentile)
-    upper = {}
-    for key, window in windows.items():
-        bounds = tail_percentiles(window.samples, config)
-        value = None if bounds is None else window.latency.get(bounds[1])
-        upper[key] = evolve(window, latency={percentile: value})
-    return upper
-
-
-def _bounds_read(samples: int, config: HealthConfig) -> list[float] | None:
-    """The percentiles a window of ``samples`` answers is read at for the health rules'
-    confidence bounds (:func:`~adaptive_lb.evidence.tail_percentiles`), at
-    ``health.certainty`` and twice as sure (:func:`~adaptive_lb.evidence.twice_as_sure`)."""
-    bounds = tail_percentiles(samples, config)
-    if bounds is None:
-        return None
-    strong = tail_percentiles(samples, config, twice_as_sure(config.certainty)) or ()
-    return [*bounds, *strong]

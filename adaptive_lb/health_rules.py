@@ -8,7 +8,8 @@ No state, no threads, no clock, no driver: :class:`adaptive_lb.health.HealthMode
 the verdicts and applies these rules at each refresh.
 
 May import: the config model, the verdict (:mod:`adaptive_lb.health_verdict`), the ways
-back (:mod:`adaptive_lb.health_return`), the evidence rules (:mod:`adaptive_lb.evidence`),
+back (:mod:`adaptive_lb.health_return`), the evidence rules (:mod:`adaptive_lb.evidence`,
+:mod:`adaptive_lb.slowness`),
 the health states and the statistics window's type; pure logic only.
 
 States (:class:`HealthState`):
@@ -78,15 +79,11 @@ way back and the evidence only.
 
 from __future__ import annotations
 
-from attrs import define
-
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.evidence import (
     DEFAULT_SPREAD,
     MIN_EVIDENCE,
-    body_percentile,
     erroring_by_evidence,
-    slow_by_evidence,
     tail_percentiles,
     twice_as_sure,
 )
@@ -102,6 +99,7 @@ from adaptive_lb.health_return import (
 )
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.health_verdict import HostHealth, warming_penalty
+from adaptive_lb.slowness import Gap, above, threshold_text
 from adaptive_lb.stats import WindowStats
 
 __all__ = ["assess"]
@@ -111,58 +109,6 @@ _NS = 1_000_000_000
 
 def _s(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds:.4f}s"
-
-
-def _above(latency: float | None, threshold: float | None) -> bool:
-    return latency is not None and threshold is not None and latency > threshold
-
-
-def _threshold_text(
-    config: HealthConfig,
-    peers: float | None,
-    bound: float | None,
-    lateness_s: float,
-    body: bool = False,
-) -> str:
-    """How a threshold was made, for the reason of a verdict."""
-    which = f"p{body_percentile(config.percentile):g}" if body else f"p{config.percentile:g}"
-    parts = [f"{config.outlier_factor:.1f} x peer median {which} {_s(peers)}"]
-    if bound is not None:
-        parts.append(f"peer bound {_s(bound)}")
-    parts.append(f"floor {_s(config.slow_floor)}")
-    return f"max({', '.join(parts)}) + client lateness {_s(lateness_s)}"
-
-
-@define(frozen=True)
-class _Gap:
-    """Why a sample of a host's answers shows it slower than its peers at a certainty
-    (None: it does not): its median (:func:`~adaptive_lb.evidence.slow_by_evidence`), its
-    body or its tail (their lower confidence bounds, :func:`~adaptive_lb.evidence.tail_percentiles`,
-    above ``body`` and ``tail``: a threshold and how it was made)."""
-
-    config: HealthConfig
-    peer_typical: float | None
-    spread: float
-    least: int
-    lateness_s: float
-    tail: tuple[float | None, str]
-    body: tuple[float | None, str]
-
-    def __call__(self, sample: WindowStats, certainty: float, tails: bool) -> str | None:
-        config = self.config
-        why = slow_by_evidence(
-            sample, self.peer_typical, self.spread, config, self.least, self.lateness_s, certainty
-        )
-        if why is not None or not tails:
-            return why
-        bounds = tail_percentiles(sample.samples, config, certainty)
-        if bounds is None:
-            return None
-        for (threshold, made), at in ((self.body, bounds[2]), (self.tail, bounds[0])):
-            value = sample.latency.get(at)
-            if _above(value, threshold):
-                return f"p{at:.3g} {_s(value)} > {_s(threshold)} = {made}, {sample.samples} samples"
-        return None
 
 
 def assess(
@@ -235,14 +181,14 @@ def assess(
         and now_ns - returned_ns < RELAPSE_WINDOWS * window_s * _NS
     )
     least = 1 if relapsing else MIN_EVIDENCE  # just back from SLOW: one clear answer will do
-    gap = _Gap(
+    gap = Gap(
         config,
         peer_typical,
         spread,
         least,
         typical_lateness_s,
-        (threshold, _threshold_text(config, peer_median, peer_bound, lateness_s)),
-        (body_threshold, _threshold_text(config, peer_body, None, lateness_s, body=True)),
+        (threshold, threshold_text(config, peer_median, peer_bound, lateness_s)),
+        (body_threshold, threshold_text(config, peer_body, None, lateness_s, body=True)),
     )
     # A verdict needs evidence at alpha squared: from the window alone (twice as sure), or
     # at alpha from the window (a suspicion) and again from the answers that came after
@@ -259,7 +205,7 @@ def assess(
     tail_bounds = tail_percentiles(window.samples, config)
     tail_low = None if tail_bounds is None else window.latency.get(tail_bounds[0])
     suspect_ratio = None
-    if suspect_since is not None and enough_samples and _above(tail_low, threshold):
+    if suspect_since is not None and enough_samples and above(tail_low, threshold):
         suspect_ratio = tail_low / threshold  # type: ignore[operator]
     slow_why = strong_why
     if slow_why is None and weak_why is not None:
