@@ -131,6 +131,7 @@ VARIANTS = {
     "to a subclass that overrides nothing (the hook without its method calls)",
     "stock-tracked": "diagnostic: stock routing, each attempt tracked into a side adaptive "
     "policy's statistics (tracking's cost without its routing)",
+    **_e2e_traced.TRACED,
     "stock-shuffled": "diagnostic: TokenAwarePolicy(..., shuffle_replicas=True): stock that "
     "spreads each key over its replicas, as adaptive-lb does",
 }
