@@ -275,6 +275,7 @@ class Variant:
         pk = self.prepared.routing_key_indexes
         on_replica = 0
         if self.exporter is not None:
+            self.provider.force_flush()  # the warm-up's spans are not inspected
             self.exporter.inspect, self.exporter.inspected = True, 0
             self.exporter.with_decision = 0
         tracer = self.loop.tracer
