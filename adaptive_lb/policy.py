@@ -244,8 +244,10 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy, PolicyControls):
     ) -> Iterator[Any]:
         record = PlanRecord()
         hosts = list(self._planner.make_plan(working_keyspace, query, record))
-        if self.decisions.tracer is None:  # a reload disabled tracing meanwhile
+        decisions = self.decisions
+        if decisions.tracer is None:  # a reload disabled tracing meanwhile
             return iter(hosts)
+        ratio = decisions.candidates_ratio
         try:
             decision, events = build_decision(
                 record,
@@ -256,8 +258,9 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy, PolicyControls):
                 config_hash=self._config_hash,
                 routing_keys=self._config.privacy.routing_keys,
                 pop_transition=self.health.pop_unreported,
+                candidates=ratio >= 1.0 or random() < ratio,
             )
-            self.decisions.deliver(span, query, decision, events, started_ns)
+            decisions.deliver(span, query, decision, events, started_ns)
         except Exception:
             self.errors.record("tracing", "the decision is not recorded on the span")
         return iter(hosts)
