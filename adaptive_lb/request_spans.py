@@ -275,6 +275,7 @@ class RequestTelemetry:
         self.every_request = self.durations or (self.spans and self._root_spans)
         self.privacy = config.privacy
         self._statements = StatementAttributes(config.privacy)
+        self._hosts: dict[int, tuple[Any, Any, dict[str, Any]]] = {}
 
     @property
     def root_spans(self) -> bool:
@@ -314,10 +315,11 @@ class RequestTelemetry:
             start_time = plan[3]
             decision = decisions.request_attributes(plan)
         if decision is not None:
-            attributes = {**attributes, **decision, **_START}
             chosen = plan[1].host  # type: ignore[index,union-attr]
             if chosen is not None:
-                attributes.update(coordinator_attributes(chosen))
+                attributes = {**attributes, **decision, **self._host(chosen), **_START}
+            else:
+                attributes = {**attributes, **decision, **_START}
         if parent is not None:
             adopt_instrumentation_span(parent)
         span = self._tracer.start_span(
@@ -350,8 +352,7 @@ class RequestTelemetry:
             if speculative or request.chosen is None:
                 attributes["cassandra.speculative_execution.count"] = speculative
             if coordinator is not None and coordinator is not request.chosen:
-                attributes.update(server_attributes(coordinator))
-                attributes.update(coordinator_attributes(coordinator))
+                attributes.update(self._host(coordinator))
             if failure:
                 attributes.update(failure)
                 span.set_status(Status(StatusCode.ERROR, qualified_name(exception)))
@@ -361,6 +362,19 @@ class RequestTelemetry:
         if self.durations:
             server = server_attributes(coordinator) if coordinator is not None else {}
             self._histogram.record(duration, {**request.duration_attributes, **server, **failure})
+
+    def _host(self, host: Any) -> dict[str, Any]:
+        # server.* and cassandra.coordinator.* of a host, built once per host (and host id).
+        hosts = self._hosts
+        known = hosts.get(id(host))
+        host_id = getattr(host, "host_id", None)
+        if known is not None and known[0] is host and known[1] is host_id:
+            return known[2]
+        attributes = {**server_attributes(host), **coordinator_attributes(host)}
+        if len(hosts) >= 1024:
+            hosts.clear()
+        hosts[id(host)] = (host, host_id, attributes)
+        return attributes
 
     @staticmethod
     def _failed(policy: Any) -> None:

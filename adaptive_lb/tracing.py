@@ -103,7 +103,6 @@ class Decision(NamedTuple):
     """None: no replica lookup (no routing key) or a tablet lookup (never cached)."""
     fallback: bool
     config_hash: str
-    plan_length: int
     routing_key: bytes | None = None
     """Only set when ``privacy.routing_keys`` allows it."""
     local_rack: str | None = None
@@ -185,7 +184,6 @@ def build_decision(
         cache_hit=record.cache_hit,
         fallback=record.fallback,
         config_hash=config_hash,
-        plan_length=len(hosts),
         routing_key=routing_key,
         local_rack=record.local_rack,
         local_rack_source=record.local_rack_source,
@@ -235,13 +233,12 @@ class DecisionTracer:
     def attributes(self, decision: Decision, on_request: bool = False) -> dict[str, Any]:
         """The attributes of a decision (semantic-convention names where they exist).
         ``on_request``: for the request span's own attributes (which already say
-        ``db.system.name`` and ``db.namespace``); there ``server.address`` and
-        ``server.port`` name the chosen host until another coordinator answers."""
+        ``db.system.name`` and ``db.namespace``, and name the chosen host as coordinator
+        until another one answers)."""
         attributes: dict[str, Any] = {
             "adaptive_lb.position": decision.position,
             "adaptive_lb.replica_count": decision.replica_count,
             "adaptive_lb.config_hash": decision.config_hash,
-            "adaptive_lb.plan_length": decision.plan_length,
             "adaptive_lb.local_rack.source": decision.local_rack_source,
         }
         if not on_request:
@@ -259,7 +256,7 @@ class DecisionTracer:
             attributes["db.namespace"] = decision.keyspace
         if decision.cache_hit is not None:
             attributes["adaptive_lb.replica_cache.hit"] = decision.cache_hit
-        if decision.chosen_address is not None:
+        if decision.chosen_address is not None and not on_request:
             attributes["server.address"] = decision.chosen_address
             if decision.chosen_port is not None:
                 attributes["server.port"] = decision.chosen_port
