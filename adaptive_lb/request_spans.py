@@ -38,7 +38,7 @@ from time import time_ns
 from typing import Any
 
 from cassandra import OperationTimedOut
-from cassandra.protocol import ErrorMessage
+from cassandra.protocol import ErrorMessage, ResultMessage
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -108,12 +108,15 @@ class _Request:
 
 class _ObservedAttempts(Attempts):
     """The attempts of a request that is recorded: tracking as for any request, plus the
-    span's events and attributes and the duration measurement."""
+    span's events and attributes and the duration measurement. With :attr:`tracked` false
+    (request tracking's sampler left the request out), the attempts are followed for the
+    span only: no host statistics."""
 
-    __slots__ = ("request", "telemetry")
+    __slots__ = ("request", "telemetry", "tracked")
 
     request: _Request | None
     telemetry: RequestTelemetry
+    tracked: bool
 
     def __bool__(self) -> bool:
         # The driver's hook calls ended() only on a truthy attempts object: this one must
@@ -138,7 +141,10 @@ class _ObservedAttempts(Attempts):
                 request.kinds[id(host)] = (number + 1, kind, host)
             except Exception:
                 self._failed()
-        Attempts.sent(self, host)
+        if self.tracked:
+            Attempts.sent(self, host)
+        else:
+            self[id(host)] = (None, self.policy.now_ns())  # type: ignore[assignment]
 
     def not_sent(self, host: Any) -> None:
         request = self.request
@@ -147,22 +153,29 @@ class _ObservedAttempts(Attempts):
                 self._event(request, host, "not_sent", None, None)
             except Exception:
                 self._failed()
-        Attempts.not_sent(self, host)
+        if self.tracked:
+            Attempts.not_sent(self, host)
+        else:
+            self.pop(id(host), None)
 
     def answered(self, host: Any, response: Any) -> None:
         request = self.request
         entry = self.get(id(host)) if request is not None else None
-        Attempts.answered(self, host, response)
+        if self.tracked:
+            Attempts.answered(self, host, response)
+        else:
+            self.pop(id(host), None)
         if request is None or entry is None:
             return
         try:
-            outcome = outcome_of(response)
-            code = (
-                getattr(response, "error_code", None)
-                if isinstance(response, ErrorMessage)
-                else None
-            )
-            status_code = str(code) if code is not None else None
+            status_code = None
+            if type(response) is ResultMessage:  # the common case, without a call
+                outcome = SUCCESS
+            else:
+                outcome = outcome_of(response)
+                if isinstance(response, ErrorMessage):
+                    code = getattr(response, "error_code", None)
+                    status_code = str(code) if code is not None else None
             latency = (self.policy.now_ns() - entry[1]) / 1e9
             request.answered_by = host
             request.last_status_code = None if outcome == SUCCESS else status_code
@@ -184,7 +197,10 @@ class _ObservedAttempts(Attempts):
                         self._event(request, sent[2], lost, (now - sent_ns) / 1e9, None)
             except Exception:
                 self._failed()
-        Attempts.ended(self, exception)
+        if self.tracked:
+            Attempts.ended(self, exception)
+        else:
+            self.clear()
         if request is not None:
             self.request = None  # later pages of a paged result are not part of this span
             try:
@@ -301,6 +317,7 @@ class RequestTelemetry:
         attempts = _ObservedAttempts()
         attempts.policy = policy
         attempts.telemetry = self
+        attempts.tracked = True
         attempts.request = _Request(span, policy.now_ns(), described[1], chosen)
         return attempts
 

@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         c["requests_issued"] = issued
         # The loop's span per request, and adaptive-lb's request span under it.
         per_request = {"spans_exported": 2 if name == "adaptive-spans" else 1}
-        if name in ("adaptive-every", "adaptive-spans") or name.startswith("adaptive-traced"):
+        if name == "adaptive-every":  # the others track a sample (spans or not)
             per_request["tracked_requests"] = 1
         for key, times in per_request.items():
             if key in c and c[key] != times * issued:

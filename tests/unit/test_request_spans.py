@@ -403,3 +403,27 @@ def test_a_prepared_statements_attributes_are_built_once(traced):
     one = statements.describe(prepared.bind([1]), None, QueryMessage(TEXT, levels[0], 100))
     two = statements.describe(prepared.bind([2]), None, QueryMessage(TEXT, levels[0], 100))
     assert one is two  # built once
+
+
+def test_a_request_left_out_of_the_sample_keeps_its_span(traced):
+    """Request tracking's sampler left the request out (``tracked`` false): its span is
+    whole (attempts, coordinator), and no host statistic counts it."""
+    provider, exporter = traced
+    model, policy, telemetry, _clock = build(provider)
+    statement = SimpleStatement(TEXT, keyspace="ks")
+    plan = list(policy.make_query_plan("ks", statement))
+    attempts = telemetry.observe(future_for(statement), policy)
+    attempts.tracked = False
+    first, second = plan[0], plan[1]
+    attempts.sent(first)
+    attempts.answered(first, OverloadedErrorMessage(0x1001, "busy", None))
+    attempts.sent(second)
+    attempts.answered(second, ResultMessage(2))
+    attempts.ended(None)
+    (span,) = exporter.get_finished_spans()
+    assert [e["adaptive_lb.attempt.outcome"] for e in events_of(span)] == ["error", "success"]
+    assert span.attributes["server.address"] == str(second.address)
+    for host in (first, second):
+        stats = policy.stats.get(host)
+        assert stats.requests_total == stats.in_flight == 0
+    assert not attempts
