@@ -409,7 +409,7 @@ def test_a_request_left_out_of_the_sample_keeps_its_span(traced):
     """Request tracking's sampler left the request out (``tracked`` false): its span is
     whole (attempts, coordinator), and no host statistic counts it."""
     provider, exporter = traced
-    model, policy, telemetry, _clock = build(provider)
+    _model, policy, telemetry, _clock = build(provider)
     statement = SimpleStatement(TEXT, keyspace="ks")
     plan = list(policy.make_query_plan("ks", statement))
     attempts = telemetry.observe(future_for(statement), policy)
