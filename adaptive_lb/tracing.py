@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import trace
 
+from adaptive_lb.candidate_entries import candidate_entry
 from adaptive_lb.config import Config, PrivacyConfig, TracingConfig
-from adaptive_lb.scoring import penalty_of
 
 if TYPE_CHECKING:
     from adaptive_lb.health import HealthTransition
@@ -53,10 +53,6 @@ significant digits, the server-load and latency factors to 3; the score is
 ``(in_flight + 1) x penalty``, the penalty includes both factors) separated by ``"; "``. One
 string, not an array per field: the SDK checks every element of an array attribute (~60 us
 per decision)."""
-
-_FIELDS = "in_flight=%d health=%s penalty=%.6g score=%.6g replica=%s server_load=%.3g latency=%.3g"
-_CANDIDATE = "%s:%s " + _FIELDS
-_CANDIDATE_NO_PORT = "%s " + _FIELDS
 
 
 try:  # The context variable behind opentelemetry.context.get_current() (private, faster).
@@ -148,7 +144,11 @@ def build_decision(
     for view in record.candidates:
         host = view.host
         if candidates or host is chosen:
-            entry = _entry(view, id(host) in replica_ids, replicas, non_replica_penalty)
+            is_replica = id(host) in replica_ids
+            # Without a replica set, every candidate is scored as a replica would be.
+            entry = candidate_entry(
+                view, is_replica, is_replica or not replicas, non_replica_penalty
+            )
             if candidates:
                 entries.append(entry)
             if host is chosen:
@@ -192,28 +192,6 @@ def build_decision(
         host=chosen,
     )
     return decision, events
-
-
-def _entry(view: Any, is_replica: bool, replicas: Sequence[Any], non_replica_penalty: float) -> str:
-    # One candidate's entry of CANDIDATES_ATTRIBUTE, formatted by one % operation.
-    host = view.host
-    stats = view.stats
-    in_flight = stats.in_flight
-    # Without a replica set, every candidate is scored as a replica would be.
-    penalty = penalty_of(view, is_replica or not replicas, non_replica_penalty)
-    fields = (
-        in_flight,
-        stats.health_state._value_,  # .value is a property, ~10x slower
-        penalty,
-        (in_flight + 1) * penalty,  # scoring.score_of, from the values recorded
-        is_replica,
-        stats.server_load,
-        stats.latency_factor,
-    )
-    port = getattr(host.endpoint, "port", None)
-    if port is None:
-        return _CANDIDATE_NO_PORT % (host.address, *fields)
-    return _CANDIDATE % (host.address, port, *fields)
 
 
 class DecisionTracer:
