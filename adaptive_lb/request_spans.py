@@ -334,9 +334,9 @@ class RequestTelemetry:
         if decision is not None:
             chosen = plan[1].host  # type: ignore[index,union-attr]
             if chosen is not None:
-                attributes = {**attributes, **decision, **self._host(chosen), **_START}
+                attributes = {**attributes, **decision, **self._host(chosen)}
             else:
-                attributes = {**attributes, **decision, **_START}
+                attributes = {**attributes, **decision}
         if parent is not None:
             adopt_instrumentation_span(parent)
         span = self._tracer.start_span(
@@ -366,7 +366,7 @@ class RequestTelemetry:
             # Only what the start did not say: usually nothing.
             attributes: dict[str, Any] = {}
             speculative = counter_value(request.speculative)
-            if speculative or request.chosen is None:
+            if speculative:  # the conventions: "not set or 0" without one
                 attributes["cassandra.speculative_execution.count"] = speculative
             if coordinator is not None and coordinator is not request.chosen:
                 attributes.update(self._host(coordinator))
@@ -396,10 +396,6 @@ class RequestTelemetry:
     @staticmethod
     def _failed(policy: Any) -> None:
         policy.record_error("tracing", "this request's span goes without its attempts")
-
-
-_START = {"cassandra.speculative_execution.count": 0}
-"""What a request span with a decision starts with besides: no speculative execution yet."""
 
 
 def coordinator_attributes(host: Any) -> dict[str, Any]:

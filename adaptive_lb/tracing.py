@@ -45,7 +45,8 @@ EVENT_NAME = "adaptive_lb.decision"
 SPAN_NAME = "adaptive_lb.query_plan"
 CHOSEN_ATTRIBUTE = "adaptive_lb.chosen"
 """The chosen host and why: its entry as in :data:`CANDIDATES_ATTRIBUTE`, on every recorded
-decision (the full list only on ``tracing.candidates_ratio`` of them)."""
+decision whose :data:`CANDIDATES_ATTRIBUTE` (recorded on ``tracing.candidates_ratio`` of
+them) does not begin with it."""
 CANDIDATES_ATTRIBUTE = "adaptive_lb.candidates"
 """Every candidate in the order tried, as one string: entries ``address:port in_flight=N
 health=STATE penalty=P score=S replica=True|False server_load=L latency=F`` (numbers to 6
@@ -238,10 +239,13 @@ class DecisionTracer:
             attributes["server.address"] = decision.chosen_address
             if decision.chosen_port is not None:
                 attributes["server.port"] = decision.chosen_port
-        if decision.chosen:
+        candidates = decision.candidates if self.config.attributes else ""
+        if candidates:
+            attributes[CANDIDATES_ATTRIBUTE] = candidates
+        # Each attribute costs the SDK ~5k instructions: the chosen host's entry only when
+        # the list does not begin with it.
+        if decision.chosen and not candidates.startswith(decision.chosen):
             attributes[CHOSEN_ATTRIBUTE] = decision.chosen
-        if self.config.attributes and decision.candidates:
-            attributes[CANDIDATES_ATTRIBUTE] = decision.candidates
         if self.privacy.routing_keys and decision.routing_key is not None:
             attributes["adaptive_lb.routing_key"] = decision.routing_key.hex()
         return attributes
