@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from itertools import chain
 from random import random
 from time import time_ns
 from typing import Any
@@ -244,21 +245,28 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy, PolicyControls):
         self, span: Any | None, working_keyspace: str | None, query: Any, started_ns: int
     ) -> Iterator[Any]:
         record = PlanRecord()
-        hosts = list(self._planner.make_plan(working_keyspace, query, record))
-        if self.decisions.tracer is None:  # a reload disabled tracing meanwhile
-            return iter(hosts)
+        # The record is complete once the first host is out: the rest stays lazy, as the
+        # driver reads it (usually the first host only).
+        plan = iter(self._planner.make_plan(working_keyspace, query, record))
+        first = next(plan, None)
+        hosts = plan if first is None else chain((first,), plan)
+        decisions = self.decisions
+        if decisions.tracer is None:  # a reload disabled tracing meanwhile
+            return hosts
+        ratio = decisions.candidates_ratio
         try:
             decision, events = build_decision(
                 record,
-                hosts,
+                () if first is None else (first,),
                 working_keyspace,
                 query,
                 non_replica_penalty=self._planner.settings.non_replica_penalty,
                 config_hash=self._config_hash,
                 routing_keys=self._config.privacy.routing_keys,
                 pop_transition=self.health.pop_unreported,
+                candidates=ratio >= 1.0 or random() < ratio,
             )
-            self.decisions.deliver(span, query, decision, events, started_ns)
+            decisions.deliver(span, query, decision, events, started_ns)
         except Exception:
             self.errors.record("tracing", "the decision is not recorded on the span")
-        return iter(hosts)
+        return hosts

@@ -34,10 +34,11 @@ exception and message classes.
 
 from __future__ import annotations
 
+from time import time_ns
 from typing import Any
 
 from cassandra import OperationTimedOut
-from cassandra.protocol import ErrorMessage
+from cassandra.protocol import ErrorMessage, ResultMessage
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -46,14 +47,14 @@ from adaptive_lb.config import Config, PrivacyConfig
 from adaptive_lb.counting import counter_value, new_counter
 from adaptive_lb.span_attributes import (
     INSTRUMENTATION_SCOPE,
+    Described,
+    StatementAttributes,
     adopt_instrumentation_span,
-    describe_request,
     operation_name,
     qualified_name,
-    request_attributes,
     server_attributes,
 )
-from adaptive_lb.tracing import current_recording_span
+from adaptive_lb.tracing import Pending, current_recording_span
 
 __all__ = [
     "ATTEMPT_EVENT",
@@ -75,7 +76,8 @@ class _Request:
 
     __slots__ = (
         "answered_by",
-        "decision_recorded",
+        "attempts",
+        "chosen",
         "duration_attributes",
         "kinds",
         "last_status_code",
@@ -85,27 +87,36 @@ class _Request:
         "start_ns",
     )
 
-    def __init__(self, span: Any | None, start_ns: int, duration_attributes: dict[str, Any]):
+    def __init__(
+        self, span: Any | None, start_ns: int, duration_attributes: dict[str, Any], chosen: Any
+    ):
         self.span = span
         self.start_ns = start_ns
         self.duration_attributes = duration_attributes
+        self.chosen = chosen
+        """The host the span names as its coordinator since its start (None: none)."""
         self.sends = new_counter()
         self.speculative = new_counter()
         self.kinds: dict[int, tuple[int, str, Any]] = {}
         """``id(host) -> (attempt number, kind, host)``."""
+        self.attempts: list[tuple[int, Any, str, float | None, str | None]] = []
+        """Ended attempts: ``(time_ns, host, outcome, latency, status code)``, added to
+        the span as events at its end."""
         self.answered_by: Any | None = None
         self.last_status_code: str | None = None
-        self.decision_recorded = False
 
 
 class _ObservedAttempts(Attempts):
     """The attempts of a request that is recorded: tracking as for any request, plus the
-    span's events and attributes and the duration measurement."""
+    span's events and attributes and the duration measurement. With :attr:`tracked` false
+    (request tracking's sampler left the request out), the attempts are followed for the
+    span only: no host statistics."""
 
-    __slots__ = ("request", "telemetry")
+    __slots__ = ("request", "telemetry", "tracked")
 
     request: _Request | None
     telemetry: RequestTelemetry
+    tracked: bool
 
     def __bool__(self) -> bool:
         # The driver's hook calls ended() only on a truthy attempts object: this one must
@@ -130,7 +141,10 @@ class _ObservedAttempts(Attempts):
                 request.kinds[id(host)] = (number + 1, kind, host)
             except Exception:
                 self._failed()
-        Attempts.sent(self, host)
+        if self.tracked:
+            Attempts.sent(self, host)
+        else:
+            self[id(host)] = (None, self.policy.now_ns())  # type: ignore[assignment]
 
     def not_sent(self, host: Any) -> None:
         request = self.request
@@ -139,22 +153,29 @@ class _ObservedAttempts(Attempts):
                 self._event(request, host, "not_sent", None, None)
             except Exception:
                 self._failed()
-        Attempts.not_sent(self, host)
+        if self.tracked:
+            Attempts.not_sent(self, host)
+        else:
+            self.pop(id(host), None)
 
     def answered(self, host: Any, response: Any) -> None:
         request = self.request
         entry = self.get(id(host)) if request is not None else None
-        Attempts.answered(self, host, response)
+        if self.tracked:
+            Attempts.answered(self, host, response)
+        else:
+            self.pop(id(host), None)
         if request is None or entry is None:
             return
         try:
-            outcome = outcome_of(response)
-            code = (
-                getattr(response, "error_code", None)
-                if isinstance(response, ErrorMessage)
-                else None
-            )
-            status_code = str(code) if code is not None else None
+            status_code = None
+            if type(response) is ResultMessage:  # the common case, without a call
+                outcome = SUCCESS
+            else:
+                outcome = outcome_of(response)
+                if isinstance(response, ErrorMessage):
+                    code = getattr(response, "error_code", None)
+                    status_code = str(code) if code is not None else None
             latency = (self.policy.now_ns() - entry[1]) / 1e9
             request.answered_by = host
             request.last_status_code = None if outcome == SUCCESS else status_code
@@ -176,7 +197,10 @@ class _ObservedAttempts(Attempts):
                         self._event(request, sent[2], lost, (now - sent_ns) / 1e9, None)
             except Exception:
                 self._failed()
-        Attempts.ended(self, exception)
+        if self.tracked:
+            Attempts.ended(self, exception)
+        else:
+            self.clear()
         if request is not None:
             self.request = None  # later pages of a paged result are not part of this span
             try:
@@ -195,10 +219,19 @@ class _ObservedAttempts(Attempts):
         latency: float | None,
         status_code: str | None,
     ) -> None:
-        span = request.span
-        if span is None:
-            return
-        number, kind, _host = request.kinds.get(id(host), (0, "unknown", host))
+        if request.span is not None:
+            request.attempts.append((time_ns(), host, outcome, latency, status_code))
+
+
+def _attempt_events(span: Any, request: _Request) -> None:
+    # One adaptive_lb.attempt event per ended attempt, at the time it ended; none for a
+    # request answered at its first attempt (the span is that attempt).
+    attempts = request.attempts
+    if len(attempts) == 1 and attempts[0][2] == SUCCESS and len(request.kinds) == 1:
+        return
+    kinds = request.kinds
+    for at_ns, host, outcome, latency, status_code in attempts:
+        number, kind, _host = kinds.get(id(host), (0, "unknown", host))
         attributes: dict[str, Any] = {
             **server_attributes(host),
             "adaptive_lb.attempt.number": number,
@@ -209,7 +242,7 @@ class _ObservedAttempts(Attempts):
             attributes["adaptive_lb.attempt.duration"] = round(latency, 6)
         if status_code is not None:
             attributes["db.response.status_code"] = status_code
-        span.add_event(ATTEMPT_EVENT, attributes)
+        span.add_event(ATTEMPT_EVENT, attributes, at_ns)
 
 
 class RequestTelemetry:
@@ -257,6 +290,8 @@ class RequestTelemetry:
         self.durations = config.metrics.otel_enabled
         self.every_request = self.durations or (self.spans and self._root_spans)
         self.privacy = config.privacy
+        self._statements = StatementAttributes(config.privacy)
+        self._hosts: dict[int, tuple[Any, Any, dict[str, Any]]] = {}
 
     @property
     def root_spans(self) -> bool:
@@ -274,39 +309,49 @@ class RequestTelemetry:
         elif not self.durations:
             return None
         query = future.query
-        attributes = request_attributes(query, future.session)
-        span = plan = None
+        described = self._statements.describe(query, future.session, future.message)
+        span = chosen = None
         if self.spans and (parent is not None or self._root_spans):
             plan = policy.decisions.take(query)  # made just before: the span starts there
-            span = self._start_span(future, parent, dict(attributes), plan[3] if plan else None)
+            span, chosen = self._start_span(described, parent, plan, policy.decisions)
         attempts = _ObservedAttempts()
         attempts.policy = policy
         attempts.telemetry = self
-        attempts.request = _Request(span, policy.now_ns(), attributes)
-        if span is not None and plan is not None:
-            policy.decisions.record_taken(span, plan)
+        attempts.tracked = True
+        attempts.request = _Request(span, policy.now_ns(), described[1], chosen)
         return attempts
 
     def _start_span(
-        self,
-        future: Any,
-        parent: Any | None,
-        attributes: dict[str, Any],
-        start_time: int | None,
-    ) -> Any | None:
-        name = describe_request(future.query, future.message, attributes, self.privacy)
+        self, described: Described, parent: Any | None, plan: Pending | None, decisions: Any
+    ) -> tuple[Any | None, Any | None]:
+        # One SDK call with every attribute known at the start: the request's, the
+        # decision's, and the chosen host as coordinator until another one answers.
+        name, _duration_attributes, attributes = described
+        chosen = start_time = decision = None
+        if plan is not None:
+            start_time = plan[3]
+            decision = decisions.request_attributes(plan)
+        if decision is not None:
+            chosen = plan[1].host  # type: ignore[index,union-attr]
+            if chosen is not None:
+                attributes = {**attributes, **decision, **self._host(chosen)}
+            else:
+                attributes = {**attributes, **decision}
         if parent is not None:
             adopt_instrumentation_span(parent)
         span = self._tracer.start_span(
             name, kind=SpanKind.CLIENT, attributes=attributes, start_time=start_time
         )
-        return span if span.is_recording() else None
+        if not span.is_recording():
+            return None, None
+        if plan is not None and plan[2]:
+            decisions.record_events(span, plan)
+        return span, chosen
 
     def finish(self, request: _Request, policy: Any, exception: BaseException | None) -> None:
         """End ``request``'s span and record its duration (called once, at its end)."""
         duration = (policy.now_ns() - request.start_ns) / 1e9
         coordinator = request.answered_by
-        server = server_attributes(coordinator) if coordinator is not None else {}
         failure: dict[str, Any] = {}
         if exception is not None:
             failure["error.type"] = request.last_status_code or qualified_name(exception)
@@ -314,20 +359,51 @@ class RequestTelemetry:
                 failure["db.response.status_code"] = request.last_status_code
         span = request.span
         if span is not None:
-            attributes: dict[str, Any] = {
-                "cassandra.speculative_execution.count": counter_value(request.speculative),
-                **server,
-                **failure,
-            }
-            if coordinator is not None:
-                host_id = getattr(coordinator, "host_id", None)
-                if host_id is not None:
-                    attributes["cassandra.coordinator.id"] = str(host_id)
-                if coordinator.datacenter is not None:
-                    attributes["cassandra.coordinator.dc"] = coordinator.datacenter
+            try:
+                _attempt_events(span, request)
+            except Exception:
+                self._failed(policy)
+            # Only what the start did not say: usually nothing.
+            attributes: dict[str, Any] = {}
+            speculative = counter_value(request.speculative)
+            if speculative:  # the conventions: "not set or 0" without one
+                attributes["cassandra.speculative_execution.count"] = speculative
+            if coordinator is not None and coordinator is not request.chosen:
+                attributes.update(self._host(coordinator))
             if failure:
+                attributes.update(failure)
                 span.set_status(Status(StatusCode.ERROR, qualified_name(exception)))
-            span.set_attributes(attributes)
+            if attributes:
+                span.set_attributes(attributes)
             span.end()
         if self.durations:
+            server = server_attributes(coordinator) if coordinator is not None else {}
             self._histogram.record(duration, {**request.duration_attributes, **server, **failure})
+
+    def _host(self, host: Any) -> dict[str, Any]:
+        # server.* and cassandra.coordinator.* of a host, built once per host (and host id).
+        hosts = self._hosts
+        known = hosts.get(id(host))
+        host_id = getattr(host, "host_id", None)
+        if known is not None and known[0] is host and known[1] is host_id:
+            return known[2]
+        attributes = {**server_attributes(host), **coordinator_attributes(host)}
+        if len(hosts) >= 1024:
+            hosts.clear()
+        hosts[id(host)] = (host, host_id, attributes)
+        return attributes
+
+    @staticmethod
+    def _failed(policy: Any) -> None:
+        policy.record_error("tracing", "this request's span goes without its attempts")
+
+
+def coordinator_attributes(host: Any) -> dict[str, Any]:
+    """``cassandra.coordinator.id`` and ``.dc`` of ``host``, when known."""
+    attributes: dict[str, Any] = {}
+    host_id = getattr(host, "host_id", None)
+    if host_id is not None:
+        attributes["cassandra.coordinator.id"] = str(host_id)
+    if host.datacenter is not None:
+        attributes["cassandra.coordinator.dc"] = host.datacenter
+    return attributes

@@ -21,6 +21,7 @@ from adaptive_lb.config import PrivacyConfig
 
 __all__ = [
     "INSTRUMENTATION_SCOPE",
+    "StatementAttributes",
     "adopt_instrumentation_span",
     "describe_request",
     "operation_name",
@@ -122,6 +123,53 @@ def describe_request(
     if operation is not None and target:
         name = f"{operation} {target}"
     return name
+
+
+Described = tuple[str, dict[str, Any], dict[str, Any]]
+"""A request described: ``(span name, its duration attributes, its span attributes)``."""
+
+
+class StatementAttributes:
+    """The name and attributes of requests, built once per prepared statement (and
+    consistency, page size, idempotence and keyspace) and reused: a bound statement's
+    request reads them from here. Simple statements, and every statement when
+    ``privacy.bound_values`` puts its values on the span, are described afresh. Callers
+    never modify the dicts returned."""
+
+    LIMIT = 512
+    """Prepared statements remembered; the memo is emptied when it holds more."""
+
+    def __init__(self, privacy: PrivacyConfig) -> None:
+        self.privacy = privacy
+        self._memo: dict[int, tuple[Any, tuple[Any, ...], Described]] = {}
+
+    def describe(self, query: Any, session: Any, message: Any) -> Described:
+        """``(name, duration attributes, span attributes)`` of a request of ``query``."""
+        prepared = getattr(query, "prepared_statement", None)
+        if prepared is None or self.privacy.bound_values:
+            return self._build(query, session, message)
+        signature = (
+            getattr(message, "consistency_level", None),
+            getattr(message, "fetch_size", None),
+            getattr(query, "is_idempotent", None),
+            getattr(query, "keyspace", None) or session.keyspace,
+        )
+        memo = self._memo
+        known = memo.get(id(prepared))
+        # The statement itself is kept in the entry: its id is not reused while it lives.
+        if known is not None and known[0] is prepared and known[1] == signature:
+            return known[2]
+        described = self._build(query, session, message)
+        if len(memo) >= self.LIMIT:
+            memo.clear()
+        memo[id(prepared)] = (prepared, signature, described)
+        return described
+
+    def _build(self, query: Any, session: Any, message: Any) -> Described:
+        duration_attributes = request_attributes(query, session)
+        span_attributes = dict(duration_attributes)
+        name = describe_request(query, message, span_attributes, self.privacy)
+        return name, duration_attributes, span_attributes
 
 
 def _table_of(statement: Any) -> str | None:

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import trace
 
+from adaptive_lb.candidate_entries import candidate_entry
 from adaptive_lb.config import Config, PrivacyConfig, TracingConfig
-from adaptive_lb.scoring import penalty_of
 
 if TYPE_CHECKING:
     from adaptive_lb.health import HealthTransition
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CANDIDATES_ATTRIBUTE",
+    "CHOSEN_ATTRIBUTE",
     "EVENT_NAME",
     "SPAN_NAME",
     "Decision",
@@ -42,6 +43,10 @@ __all__ = [
 
 EVENT_NAME = "adaptive_lb.decision"
 SPAN_NAME = "adaptive_lb.query_plan"
+CHOSEN_ATTRIBUTE = "adaptive_lb.chosen"
+"""The chosen host and why: its entry as in :data:`CANDIDATES_ATTRIBUTE`, on every recorded
+decision whose :data:`CANDIDATES_ATTRIBUTE` (recorded on ``tracing.candidates_ratio`` of
+them) does not begin with it."""
 CANDIDATES_ATTRIBUTE = "adaptive_lb.candidates"
 """Every candidate in the order tried, as one string: entries ``address:port in_flight=N
 health=STATE penalty=P score=S replica=True|False server_load=L latency=F`` (numbers to 6
@@ -49,10 +54,6 @@ significant digits, the server-load and latency factors to 3; the score is
 ``(in_flight + 1) x penalty``, the penalty includes both factors) separated by ``"; "``. One
 string, not an array per field: the SDK checks every element of an array attribute (~60 us
 per decision)."""
-
-_FIELDS = "in_flight=%d health=%s penalty=%.6g score=%.6g replica=%s server_load=%.3g latency=%.3g"
-_CANDIDATE = "%s:%s " + _FIELDS
-_CANDIDATE_NO_PORT = "%s " + _FIELDS
 
 
 try:  # The context variable behind opentelemetry.context.get_current() (private, faster).
@@ -99,7 +100,6 @@ class Decision(NamedTuple):
     """None: no replica lookup (no routing key) or a tablet lookup (never cached)."""
     fallback: bool
     config_hash: str
-    plan_length: int
     routing_key: bytes | None = None
     """Only set when ``privacy.routing_keys`` allows it."""
     local_rack: str | None = None
@@ -109,6 +109,13 @@ class Decision(NamedTuple):
     enabled: bool = True
     """False: the ordering was off (``policy.enabled``); the plan is the child's own and its
     first host is the child's first (``position`` ``child``, no candidates)."""
+    chosen: str = ""
+    """The chosen host's entry, as in :data:`CANDIDATES_ATTRIBUTE` (its reason: in-flight,
+    health, penalty, score), or ``address:port`` when it was not a scored candidate; empty
+    when the plan is empty."""
+    host: Any = None
+    """The chosen host itself (the driver's ``Host``): the request span names it as its
+    coordinator until another one answers. Not recorded as such."""
 
 
 def build_decision(
@@ -121,41 +128,32 @@ def build_decision(
     config_hash: str,
     routing_keys: bool,
     pop_transition: Callable[[Any], HealthTransition | None],
+    candidates: bool = True,
 ) -> tuple[Decision, list[tuple[str, dict[str, Any]]]]:
     """The :class:`Decision` of a plan made with ``record`` (a
     :class:`~adaptive_lb.planner.PlanRecord`) that yielded ``hosts``, and the events to add
     beside it: one ``adaptive_lb.health_transition`` per candidate whose health changed
     since it was last shown in a trace (``pop_transition(host)`` hands them over once).
-    ``routing_keys``: ``privacy.routing_keys`` allows recording the statement's key."""
+    ``routing_keys``: ``privacy.routing_keys`` allows recording the statement's key.
+    ``candidates``: list every candidate (false: the chosen host's entry only)."""
     replicas = record.replicas
     replica_ids = {id(view.host) for view in replicas}
-    # Every entry formatted by one % operation at the end: ~0.7 us per candidate.
-    formats = []
-    values: list[Any] = []
+    chosen = hosts[0] if hosts else None
+    entries = []
+    chosen_entry = ""
     events = []
     for view in record.candidates:
         host = view.host
-        is_replica = id(host) in replica_ids
-        stats = view.stats
-        in_flight = stats.in_flight
-        # Without a replica set, every candidate is scored as a replica would be.
-        penalty = penalty_of(view, is_replica or not replicas, non_replica_penalty)
-        port = getattr(host.endpoint, "port", None)
-        if port is None:
-            formats.append(_CANDIDATE_NO_PORT)
-            values.append(host.address)
-        else:
-            formats.append(_CANDIDATE)
-            values += (host.address, port)
-        values += (
-            in_flight,
-            stats.health_state._value_,  # .value is a property, ~10x slower
-            penalty,
-            (in_flight + 1) * penalty,  # scoring.score_of, from the values recorded
-            is_replica,
-            stats.server_load,
-            stats.latency_factor,
-        )
+        if candidates or host is chosen:
+            is_replica = id(host) in replica_ids
+            # Without a replica set, every candidate is scored as a replica would be.
+            entry = candidate_entry(
+                view, is_replica, is_replica or not replicas, non_replica_penalty
+            )
+            if candidates:
+                entries.append(entry)
+            if host is chosen:
+                chosen_entry = entry
         transition = pop_transition(host)
         if transition is not None:
             events.append(
@@ -170,7 +168,9 @@ def build_decision(
                     },
                 )
             )
-    chosen = hosts[0] if hosts else None
+    if chosen is not None and not chosen_entry:
+        port = getattr(chosen.endpoint, "port", None)
+        chosen_entry = f"{chosen.address}:{port}" if port is not None else str(chosen.address)
     keyspace = record.keyspace if record.keyspace is not None else working_keyspace
     # A bound statement computes its key: only when it may be recorded.
     routing_key = getattr(query, "routing_key", None) if routing_keys else None
@@ -178,18 +178,19 @@ def build_decision(
         keyspace=keyspace,
         lwt=record.lwt,
         replica_count=len(replicas),
-        candidates="; ".join(formats) % tuple(values),
+        candidates="; ".join(entries),
         chosen_address=str(chosen.address) if chosen is not None else None,
         chosen_port=getattr(chosen.endpoint, "port", None) if chosen is not None else None,
         position="fallback" if record.fallback else record.position,
         cache_hit=record.cache_hit,
         fallback=record.fallback,
         config_hash=config_hash,
-        plan_length=len(hosts),
         routing_key=routing_key,
         local_rack=record.local_rack,
         local_rack_source=record.local_rack_source,
         enabled=record.enabled,
+        chosen=chosen_entry,
+        host=chosen,
     )
     return decision, events
 
@@ -208,16 +209,19 @@ class DecisionTracer:
         self._tracer = trace.get_tracer("adaptive_lb", tracer_provider=tracer_provider)
         self.recorded = 0
 
-    def attributes(self, decision: Decision) -> dict[str, Any]:
-        """The attributes of a decision (semantic-convention names where they exist)."""
+    def attributes(self, decision: Decision, on_request: bool = False) -> dict[str, Any]:
+        """The attributes of a decision (semantic-convention names where they exist).
+        ``on_request``: for the request span's own attributes (which already say
+        ``db.system.name`` and ``db.namespace``, and name the chosen host as coordinator
+        until another one answers)."""
         attributes: dict[str, Any] = {
-            "db.system.name": "cassandra",
-            "adaptive_lb.replica_count": decision.replica_count,
             "adaptive_lb.position": decision.position,
+            "adaptive_lb.replica_count": decision.replica_count,
             "adaptive_lb.config_hash": decision.config_hash,
-            "adaptive_lb.plan_length": decision.plan_length,
             "adaptive_lb.local_rack.source": decision.local_rack_source,
         }
+        if not on_request:
+            attributes["db.system.name"] = "cassandra"
         # Flags only when raised: each attribute costs the SDK ~0.7 us to check.
         if decision.lwt:
             attributes["adaptive_lb.lwt"] = True
@@ -227,16 +231,21 @@ class DecisionTracer:
             attributes["adaptive_lb.enabled"] = False
         if decision.local_rack is not None:
             attributes["adaptive_lb.local_rack"] = decision.local_rack
-        if decision.keyspace is not None:
+        if decision.keyspace is not None and not on_request:
             attributes["db.namespace"] = decision.keyspace
         if decision.cache_hit is not None:
             attributes["adaptive_lb.replica_cache.hit"] = decision.cache_hit
-        if decision.chosen_address is not None:
+        if decision.chosen_address is not None and not on_request:
             attributes["server.address"] = decision.chosen_address
             if decision.chosen_port is not None:
                 attributes["server.port"] = decision.chosen_port
-        if self.config.attributes and decision.candidates:
-            attributes[CANDIDATES_ATTRIBUTE] = decision.candidates
+        candidates = decision.candidates if self.config.attributes else ""
+        if candidates:
+            attributes[CANDIDATES_ATTRIBUTE] = candidates
+        # Each attribute costs the SDK ~5k instructions: the chosen host's entry only when
+        # the list does not begin with it.
+        if decision.chosen and not candidates.startswith(decision.chosen):
+            attributes[CHOSEN_ATTRIBUTE] = decision.chosen
         if self.privacy.routing_keys and decision.routing_key is not None:
             attributes["adaptive_lb.routing_key"] = decision.routing_key.hex()
         return attributes
@@ -294,6 +303,8 @@ class DecisionRecorder:
         """None when ``tracing.enabled`` is false."""
         self.ratio = 1.0
         """``tracing.ratio``."""
+        self.candidates_ratio = 1.0
+        """``tracing.candidates_ratio``."""
         self.without_parent = False
         """Decide even with no span current: the request span will be a root span."""
         self._handoff: threading.local | None = None
@@ -305,6 +316,9 @@ class DecisionRecorder:
         if config.tracing.enabled:
             self.tracer = DecisionTracer(config.tracing, config.privacy, self._provider)
             self.ratio = config.tracing.ratio
+            # tracing.attributes false: no candidate list to build.
+            tracing = config.tracing
+            self.candidates_ratio = tracing.candidates_ratio if tracing.attributes else 0.0
         else:
             self.tracer = None
 
@@ -350,14 +364,27 @@ class DecisionRecorder:
         handoff.pending = None
         return pending
 
-    def record_taken(self, span: Any, pending: Pending) -> None:
-        """Record a decision obtained with :meth:`take` on ``span`` (a failure is counted
-        in the ``tracing`` stage, never raised)."""
+    def request_attributes(self, pending: Pending) -> dict[str, Any] | None:
+        """The attributes of a decision obtained with :meth:`take`, for its request span to
+        start with (None: no decision to record). A failure is counted in the ``tracing``
+        stage, never raised."""
         tracer = self.tracer
         decision = pending[1]
         if tracer is None or decision is None:
-            return
+            return None
         try:
-            tracer.record(span, decision, pending[2], pending[3])
+            attributes = tracer.attributes(decision, on_request=True)
         except Exception:
             self._report_error("tracing", "the decision is not recorded on the span")
+            return None
+        tracer.recorded += 1
+        return attributes
+
+    def record_events(self, span: Any, pending: Pending) -> None:
+        """Add the events handed over with a decision (health transitions of candidate
+        hosts, rare) to its request ``span``, at the plan's time."""
+        try:
+            for name, attributes in pending[2]:
+                span.add_event(name, attributes, pending[3])
+        except Exception:
+            self._report_error("tracing", "the decision's events are not recorded on the span")

@@ -8,7 +8,8 @@ that sees each ``ResponseFuture`` created by the session whose plan came from an
 session's pools to read each host's in-flight count from (the driver's own count: every
 request, tracked or not). It *tracks* every request while the policy's traffic is thin and
 one in k above ``tracking.samples_per_host`` per local host per second
-(:mod:`adaptive_lb.sampling`), and every request whose context records a span. Each
+(:mod:`adaptive_lb.sampling`); a request with a request span left out of the sample has
+its attempts followed for the span only (no host statistics). Each
 *attempt* of a tracked request -- the first try, a retry on the same or another host, a
 speculative execution running beside the others -- is counted on its host just before it
 is written to the connection and released once, by its response or by the end of its
@@ -140,21 +141,28 @@ class RequestTracker:
                 attempts = telemetry.observe(future, policy)
             except Exception:
                 policy.record_error("tracing", "this request is tracked without its span")
-        if attempts is None:
-            if self.sampling:
-                if policy not in self._sourced:
-                    self._adopt(policy)
-                # Sampler.take, inlined: tracked with probability 1 / every.
-                sampler = policy.sampler
-                n = next(sampler.count)
-                every = sampler.every
-                if every > 1 and random() * every >= 1.0:
-                    return
+        tracked = True
+        if self.sampling:
+            if policy not in self._sourced:
+                self._adopt(policy)
+            # Sampler.take, inlined: tracked with probability 1 / every.
+            sampler = policy.sampler
+            n = next(sampler.count)
+            every = sampler.every
+            if every > 1 and random() * every >= 1.0:
+                tracked = False
+            else:
                 sampler.picked(n)
+        if attempts is None:
+            if not tracked:
+                return
             attempts = Attempts()
             attempts.policy = policy
             hook_future(future, attempts)
         else:  # a request span ends with its request, even one that ends outside a response
+            # A request left out of the sample still has its span: its attempts followed
+            # for the span alone.
+            attempts.tracked = tracked
             hook_future(future, attempts, every_end=True)
 
     def _adopt(self, policy: AdaptiveLoadBalancingPolicy) -> None:

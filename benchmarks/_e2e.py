@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import _e2e_traced
 from opentelemetry import context, trace
 
 from adaptive_lb.tools.peers.connect import connect_driver, wait_for_pools
@@ -85,7 +86,10 @@ def otel_provider() -> tuple[Any, Any]:
             if self.inspect:
                 for span in spans:
                     self.inspected += 1
-                    if any(e.name == EVENT_NAME for e in span.events):
+                    attributes = span.attributes or {}
+                    if "adaptive_lb.position" in attributes or any(
+                        e.name == EVENT_NAME for e in span.events
+                    ):
                         self.with_decision += 1
             return SpanExportResult.SUCCESS
 
@@ -127,6 +131,7 @@ VARIANTS = {
     "to a subclass that overrides nothing (the hook without its method calls)",
     "stock-tracked": "diagnostic: stock routing, each attempt tracked into a side adaptive "
     "policy's statistics (tracking's cost without its routing)",
+    **_e2e_traced.TRACED,
     "stock-shuffled": "diagnostic: TokenAwarePolicy(..., shuffle_replicas=True): stock that "
     "spreads each key over its replicas, as adaptive-lb does",
 }
@@ -166,6 +171,8 @@ class Variant:
         self.provider = self.exporter = None
         if name.endswith(("-otel", "-spans")):
             self.provider, self.exporter = otel_provider()
+        elif name in _e2e_traced.TRACED:
+            self.provider, self.exporter = _e2e_traced.batch_provider()
         # Each driver's default for the reference (scylla-driver shuffles, cassandra-driver
         # does not).
         shuffle = {"shuffle_replicas": True} if name == "stock-shuffled" else {}
@@ -176,6 +183,8 @@ class Variant:
 
             per_host = 0 if name == "adaptive-every" else 1
             config = Config(tracking=TrackingConfig(samples_per_host=per_host))
+        elif name in _e2e_traced.CONFIGS:
+            config = _e2e_traced.config_of(name)
         self.policy: Any = (
             AdaptiveLoadBalancingPolicy(child, config, tracer_provider=self.provider)
             if self.adaptive
@@ -183,7 +192,7 @@ class Variant:
         )
         self.cluster, self.session = connect_driver(contact_points, self.policy)
         try:
-            if name in ("adaptive-attach", "adaptive-spans"):
+            if name in ("adaptive-attach", "adaptive-spans") or name in _e2e_traced.CONFIGS:
                 self.tracker = attach(self.session, tracer_provider=self.provider).tracker
             elif name == "adaptive-untracked":
                 self.tracker = None
@@ -207,6 +216,8 @@ class Variant:
 
                 ignored = _IgnoredAttempts()
                 self.session.add_request_init_listener(lambda f: hook_future(f, ignored))
+            elif name == "stock-instr":
+                _e2e_traced.instrument_session(self.session, self.provider)
             elif name == "stock-listener":
                 self.session.add_request_init_listener(lambda f: None)
             elif name == "stock-reclassed":
@@ -239,7 +250,12 @@ class Variant:
         except BaseException:
             self.shutdown()
             raise
-        tracer = self.provider.get_tracer("e2e_overhead") if self.provider else None
+        # The traced variants trace every request themselves: no parent span of the loop's.
+        tracer = (
+            self.provider.get_tracer("e2e_overhead")
+            if self.provider and name not in _e2e_traced.TRACED
+            else None
+        )
         self.loop = ClosedLoop(self.session, self.prepared, tracer)
 
     def park(self) -> None:
@@ -259,6 +275,7 @@ class Variant:
         pk = self.prepared.routing_key_indexes
         on_replica = 0
         if self.exporter is not None:
+            self.provider.force_flush()  # the warm-up's spans are not inspected
             self.exporter.inspect, self.exporter.inspected = True, 0
             self.exporter.with_decision = 0
         tracer = self.loop.tracer
@@ -279,6 +296,7 @@ class Variant:
             "replicas_per_key": len(metadata.get_replicas("ks", bound.routing_key)),
         }
         if self.exporter is not None:
+            self.provider.force_flush()
             self.exporter.inspect = False
             out["spans_with_decision"] = self.exporter.with_decision
         if self.tracker is not None:
@@ -296,6 +314,7 @@ class Variant:
             out["untracked_requests"] = self.tracker.untracked_requests
             out["internal_errors"] = self.policy.internal_errors
         if self.exporter is not None:
+            self.provider.force_flush()
             out["spans_exported"] = self.exporter.spans
         return out
 

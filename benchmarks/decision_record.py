@@ -12,8 +12,9 @@ interleaved rounds:
   untraced request makes it, the baseline;
 * ``event``: the span current: the plan records its ``adaptive_lb.decision`` event on it
   (``tracing.mode: event``, what ``instrument`` alone does);
-* ``request``: the hand-over a request span gets with ``attach``: the plan hands its
-  decision over, which is then recorded on the span.
+* ``request``: what a request span gets with ``attach``: the plan hands its decision
+  over, and the span starts with the decision's attributes (``DecisionRecorder.
+  request_attributes``, merged into its own as ``adaptive_lb.request_spans`` does).
 
 Each cost is the median over rounds of (variant - plan) per request, with its
 interquartile range, and the ratio of the medians. Times are the timing thread's CPU time
@@ -64,7 +65,7 @@ def _policy(provider: Any, *, handoff: bool) -> tuple[Any, Any]:
         for _ in range(index % 3):
             policy.stats.get(host).in_flight += 1
     policy.tracking_attached()  # no warning: this benchmark has no session to track
-    policy.decisions.send_to_requests(handoff)
+    policy.decisions.send_to_requests(handoff, without_parent=handoff)
     return model, policy
 
 
@@ -122,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         span.end()
 
     def request() -> None:
-        span = start_span("request")
-        token = context.attach(in_context(span))
+        token = context.attach(not_recording)
         next(iter(handing.make_query_plan("ks", statement)))
         context.detach(token)
-        handing.decisions.record_taken(span, handing.decisions.take(statement))
+        pending = handing.decisions.take(statement)
+        span = start_span("request", attributes=handing.decisions.request_attributes(pending))
         span.end()
 
     runs = {"plan": plan, "event": event, "request": request}

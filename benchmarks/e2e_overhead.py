@@ -24,6 +24,15 @@ Variants, each with its own Cluster and Session created once up front and warmed
 * ``stock-otel``: ``stock`` with the same parent span, to tell the cost of the span itself
   from the cost of recording the decision on it.
 
+Every request traced (``--variants stock,adaptive,stock-instr,adaptive-traced,...``, each on
+an SDK TracerProvider with a BatchSpanProcessor to an exporter that drops the spans):
+``stock-instr`` is ``stock`` with the span opentelemetry-instrumentation-cassandra puts
+around ``execute_async`` (its wrapper bound to that variant's session only);
+``adaptive-traced`` is ``adaptive_lb.attach(session, tracer_provider=tp)`` with the
+defaults (a request span per request, its decision on it), compared with ``stock-instr``;
+``adaptive-traced-brief`` the same with ``tracing.candidates_ratio: 0`` (the chosen host's
+reason, no candidate list) and ``adaptive-traced-nodecision`` with ``tracing.ratio: 0``.
+
 Diagnostic variants (not run by default; they split ``adaptive``'s cost): ``adaptive-untracked``
 (the plan without tracking), ``adaptive-every`` (every request tracked: no sampling),
 ``stock-tracked`` (stock routing, attempts tracked into a side policy's statistics),
@@ -115,6 +124,9 @@ def summarize(rounds: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
         comparisons.append(compare(rounds, "adaptive-otel", "stock-otel"))
     if "adaptive-spans" in names and "stock-otel" in names:
         comparisons.append(compare(rounds, "adaptive-spans", "stock-otel"))
+    for name in names:  # every request traced: against the stock instrumentation
+        if name.startswith("adaptive-traced") and "stock-instr" in names:
+            comparisons.append(compare(rounds, name, "stock-instr"))
     if "adaptive-attach" in names and "adaptive" in names:
         comparisons.append(compare(rounds, "adaptive-attach", "adaptive"))
     return {"per_variant": per_variant, "comparisons": comparisons}
@@ -338,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         c["requests_issued"] = issued
         # The loop's span per request, and adaptive-lb's request span under it.
         per_request = {"spans_exported": 2 if name == "adaptive-spans" else 1}
-        if name in ("adaptive-every", "adaptive-spans"):  # the others track a sample
+        if name == "adaptive-every":  # the others track a sample (spans or not)
             per_request["tracked_requests"] = 1
         for key, times in per_request.items():
             if key in c and c[key] != times * issued:
@@ -380,7 +392,12 @@ def _check(checks: dict[str, dict[str, Any]]) -> list[str]:
             problems.append(
                 f"{name}: {c.get('spans_with_decision')}/{c['requests']} spans got a decision"
             )
-        if name == "stock-otel" and c.get("spans_with_decision"):
+        wants = 0 if name == "adaptive-traced-nodecision" else c["requests"]
+        if name.startswith("adaptive-traced") and c.get("spans_with_decision") != wants:
+            problems.append(
+                f"{name}: {c.get('spans_with_decision')}/{c['requests']} spans got a decision"
+            )
+        if name in ("stock-otel", "stock-instr") and c.get("spans_with_decision"):
             problems.append(f"{name}: decisions recorded without adaptive-lb?")
     return problems
 

@@ -306,8 +306,13 @@ class TracingConfig:
     ratio: float = field(default=1.0, validator=[number, ge(0.0), le(1.0)])
     """Fraction of decisions recorded (when a span is recording)."""
     attributes: bool = field(default=True, validator=boolean)
-    """Attach candidate arrays (address, in-flight, health, penalty, score); false: chosen
-    host only."""
+    """List every candidate (address, in-flight, health, penalty, score) in
+    ``adaptive_lb.candidates``; false: the chosen host only (``adaptive_lb.chosen``)."""
+    candidates_ratio: float = field(default=1.0, validator=[number, ge(0.0), le(1.0)])
+    """Fraction of the recorded decisions that list every candidate. Every recorded
+    decision names the chosen host and why (``adaptive_lb.chosen``: its in-flight, health,
+    penalty and score) and the request span its coordinator; 1: every one explains its
+    choice against all candidates; e.g. 0.1: one in ten does, for a cheaper trace."""
     request_spans: bool = field(default=True, validator=boolean)
     """With ``adaptive_lb.attach``: one CLIENT span per request (OpenTelemetry database
     conventions), from first send to final answer, retries and speculative executions as

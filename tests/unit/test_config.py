@@ -100,6 +100,7 @@ BOUNDS = [
     ("tracing.enabled", [True, False], ["no"], "must be true or false, got a string ('no')"),
     ("tracing.mode", ["event", "span"], ["both", 1], "must be one of event, span, got 'both'"),
     ("tracing.ratio", [0, 0.5, 1], [-0.1, 1.1], "must be >= 0, got -0.1"),
+    ("tracing.candidates_ratio", [0, 0.1, 1], [-0.1, 1.5], "must be >= 0, got -0.1"),
     ("tracing.attributes", [False], ["false"], "must be true or false"),
     ("tracing.request_spans", [True, False], ["on", 1], "must be true or false"),
     ("reload.enabled", [True, False], ["yes", None], "must be true or false"),

@@ -102,7 +102,7 @@ def test_a_retried_request_is_one_span_with_two_attempts(traced):
     assert attributes["cassandra.query.idempotent"] is False
     assert attributes["server.address"] == str(second.address)
     assert attributes["cassandra.coordinator.dc"] == "dc1"
-    assert attributes["cassandra.speculative_execution.count"] == 0
+    assert "cassandra.speculative_execution.count" not in attributes  # none: "not set"
     assert "error.type" not in attributes and "db.query.text" not in attributes
     one, two = events_of(span)
     assert (one["server.address"], one["adaptive_lb.attempt.outcome"]) == (
@@ -115,9 +115,14 @@ def test_a_retried_request_is_one_span_with_two_attempts(traced):
         "retry",
         "success",
     )
-    # The plan's decision, made before the request existed, is on the request's span.
-    (decision,) = [e for e in span.events if e.name == EVENT_NAME]
-    assert decision.attributes["server.address"] == str(first.address)
+    # The plan's decision, made before the request existed, is the request span's own:
+    # the chosen host and why, every candidate, no separate event.
+    # The chosen host leads the candidates (adaptive_lb.chosen would repeat it).
+    assert attributes["adaptive_lb.candidates"].startswith(f"{first.address}:")
+    assert " health=" in attributes["adaptive_lb.candidates"]
+    assert "adaptive_lb.chosen" not in attributes
+    assert attributes["adaptive_lb.position"] == "local"
+    assert [e.name for e in span.events] == [ATTEMPT_EVENT, ATTEMPT_EVENT]
     assert policy.stats.get(first).in_flight == policy.stats.get(second).in_flight == 0
 
 
@@ -166,13 +171,15 @@ def test_under_an_application_span_the_request_is_its_child(traced):
     assert request.parent.span_id == parent.get_span_context().span_id
     handler = next(s for s in exporter.get_finished_spans() if s.name == "handler")
     assert [e.name for e in handler.events] == []  # the decision went to the request span
-    assert [e.name for e in request.events].count(EVENT_NAME) == 1
+    assert "adaptive_lb.position" not in handler.attributes
+    assert request.attributes["adaptive_lb.position"] == "local"
+    assert request.attributes["server.address"] == str(model.hosts[0].address)
 
 
 @pytest.mark.parametrize("ratio", [1.0, 0.0])
 def test_the_request_span_starts_where_the_plan_started(traced, ratio):
     """The plan is the driver's first step for a request (the request-init listener runs
-    after it): the span covers it, and the decision is an event at the plan's time."""
+    after it): the span covers it, and the decision is recorded on it."""
     provider, exporter = traced
     model, policy, telemetry, _clock = build(
         provider, Config(tracing=TracingConfig(ratio=ratio)), root_spans=False
@@ -188,11 +195,10 @@ def test_the_request_span_starts_where_the_plan_started(traced, ratio):
     attempts.ended(None)
     request = next(s for s in exporter.get_finished_spans() if s.name == "SELECT ks")
     assert before_plan <= request.start_time <= planned
-    decisions = [e for e in request.events if e.name == EVENT_NAME]
-    if ratio:
-        assert [d.timestamp for d in decisions] == [request.start_time]
-    else:  # tracing.ratio left the decision out, not the span's start
-        assert decisions == []
+    assert [e.name for e in request.events if e.name == EVENT_NAME] == []
+    # tracing.ratio 0 leaves the decision out, not the span's start
+    assert ("adaptive_lb.position" in request.attributes) is bool(ratio)
+    assert ("adaptive_lb.candidates" in request.attributes) is bool(ratio)
 
 
 def test_a_plan_for_another_statement_does_not_start_the_span(traced):
@@ -219,7 +225,8 @@ def test_later_pages_do_not_touch_the_ended_span(traced):
         attempts.answered(model.hosts[0], ResultMessage(2))
         attempts.ended(None)
     (span,) = exporter.get_finished_spans()
-    assert len(events_of(span)) == 1
+    assert events_of(span) == []  # answered at its first attempt: the span is that attempt
+    assert span.attributes["server.address"] == str(model.hosts[0].address)
     assert policy.stats.get(model.hosts[0]).requests_total == 3
 
 
@@ -297,13 +304,16 @@ def test_a_failing_span_never_reaches_the_driver_and_is_counted(traced, monkeypa
 
     monkeypatch.setattr(span, "add_event", broken)
     monkeypatch.setattr(span, "set_attributes", broken)
-    host = model.hosts[0]
-    attempts.sent(host)
-    attempts.answered(host, ResultMessage(2))
+    host, other = model.hosts[0], model.hosts[1]
+    attempts.sent(host)  # a retry: two attempt events, and the end's attributes
+    attempts.answered(host, OverloadedErrorMessage(0x1001, "busy", None))
+    attempts.sent(other)
+    attempts.answered(other, ResultMessage(2))
     attempts.ended(None)
     stats = policy.stats.get(host)
     assert stats.in_flight == 0 and stats.requests_total == 1  # tracking unaffected
-    assert policy.internal_errors_by_stage["tracing"] == 2  # the event, then the end
+    assert policy.stats.get(other).requests_total == 1
+    assert policy.internal_errors_by_stage["tracing"] == 2  # the events, then the end
 
 
 def test_a_failing_observe_leaves_the_request_tracked(monkeypatch):
@@ -329,3 +339,92 @@ def test_a_failing_observe_leaves_the_request_tracked(monkeypatch):
     (attempts,) = hooked
     assert type(attempts) is Attempts  # plain tracking
     assert policy.internal_errors_by_stage["tracing"] == 1
+
+
+def test_candidates_ratio_zero_keeps_the_chosen_host_and_why(traced):
+    """``tracing.candidates_ratio: 0``: every span still names its coordinator and the
+    chosen host with its in-flight, health, penalty and score; no candidate list."""
+    provider, exporter = traced
+    _model, policy, telemetry, _clock = build(
+        provider, Config(tracing=TracingConfig(candidates_ratio=0.0))
+    )
+    statement = SimpleStatement(TEXT, keyspace="ks")
+    plan = list(policy.make_query_plan("ks", statement))
+    attempts = telemetry.observe(future_for(statement), policy)
+    attempts.sent(plan[0])
+    attempts.answered(plan[0], ResultMessage(2))
+    attempts.ended(None)
+    (span,) = exporter.get_finished_spans()
+    chosen = span.attributes["adaptive_lb.chosen"]
+    assert chosen.startswith(f"{plan[0].address}:") and " score=" in chosen
+    assert "adaptive_lb.candidates" not in span.attributes
+    assert span.attributes["server.address"] == str(plan[0].address)
+    assert span.attributes["adaptive_lb.position"] == "local"
+
+
+def prepared_statement():
+    from cassandra.cqltypes import Int32Type
+    from cassandra.protocol import ColumnMetadata
+    from cassandra.query import PreparedStatement
+
+    return PreparedStatement(
+        column_metadata=[ColumnMetadata("ks", "t", "k", Int32Type)],
+        query_id=b"\x01",
+        routing_key_indexes=[0],
+        query="SELECT v FROM ks.t WHERE k = ?",
+        keyspace="ks",
+        protocol_version=4,
+        result_metadata=[],
+        result_metadata_id=None,
+    )
+
+
+def test_a_prepared_statements_attributes_are_built_once(traced):
+    """Requests of one prepared statement reuse its name and attributes while what they
+    say is the same (consistency, page size, idempotence, keyspace)."""
+    provider, exporter = traced
+    _model, policy, telemetry, _clock = build(provider)
+    prepared = prepared_statement()
+    levels = (ConsistencyLevel.LOCAL_ONE, ConsistencyLevel.LOCAL_ONE, ConsistencyLevel.QUORUM)
+    for key, level in enumerate(levels):
+        bound = prepared.bind([key])
+        future = future_for(bound)
+        future.message = QueryMessage(TEXT, level, fetch_size=100)
+        attempts = telemetry.observe(future, policy)
+        attempts.ended(None)
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["SELECT t"] * 3
+    assert [s.attributes["cassandra.consistency.level"] for s in spans] == [
+        "local_one",
+        "local_one",
+        "quorum",
+    ]
+    assert all(s.attributes["db.collection.name"] == "t" for s in spans)
+    statements = telemetry._statements
+    one = statements.describe(prepared.bind([1]), None, QueryMessage(TEXT, levels[0], 100))
+    two = statements.describe(prepared.bind([2]), None, QueryMessage(TEXT, levels[0], 100))
+    assert one is two  # built once
+
+
+def test_a_request_left_out_of_the_sample_keeps_its_span(traced):
+    """Request tracking's sampler left the request out (``tracked`` false): its span is
+    whole (attempts, coordinator), and no host statistic counts it."""
+    provider, exporter = traced
+    _model, policy, telemetry, _clock = build(provider)
+    statement = SimpleStatement(TEXT, keyspace="ks")
+    plan = list(policy.make_query_plan("ks", statement))
+    attempts = telemetry.observe(future_for(statement), policy)
+    attempts.tracked = False
+    first, second = plan[0], plan[1]
+    attempts.sent(first)
+    attempts.answered(first, OverloadedErrorMessage(0x1001, "busy", None))
+    attempts.sent(second)
+    attempts.answered(second, ResultMessage(2))
+    attempts.ended(None)
+    (span,) = exporter.get_finished_spans()
+    assert [e["adaptive_lb.attempt.outcome"] for e in events_of(span)] == ["error", "success"]
+    assert span.attributes["server.address"] == str(second.address)
+    for host in (first, second):
+        stats = policy.stats.get(host)
+        assert stats.requests_total == stats.in_flight == 0
+    assert not attempts
