@@ -54,6 +54,7 @@ from adaptive_lb.span_attributes import (
     Described,
     StatementAttributes,
     adopt_instrumentation_span,
+    coordinator_attributes,
     operation_name,
     qualified_name,
     server_attributes,
@@ -400,14 +401,3 @@ class RequestTelemetry:
     @staticmethod
     def _failed(policy: Any) -> None:
         policy.record_error("tracing", "this request's span goes without its attempts")
-
-
-def coordinator_attributes(host: Any) -> dict[str, Any]:
-    """``cassandra.coordinator.id`` and ``.dc`` of ``host``, when known."""
-    attributes: dict[str, Any] = {}
-    host_id = getattr(host, "host_id", None)
-    if host_id is not None:
-        attributes["cassandra.coordinator.id"] = str(host_id)
-    if host.datacenter is not None:
-        attributes["cassandra.coordinator.dc"] = host.datacenter
-    return attributes
