@@ -12,8 +12,12 @@ timeout). :class:`RequestTelemetry` turns that into:
   of the coordinator that answered, ``cassandra.consistency.level``,
   ``cassandra.coordinator.id`` / ``.dc``, ``cassandra.speculative_execution.count``,
   ``cassandra.query.idempotent``, ``cassandra.page.size``, ``db.response.status_code``,
-  ``error.type``), one ``adaptive_lb.attempt`` event per attempt (host, kind, outcome,
-  latency) and the ``adaptive_lb.decision`` event of the plan;
+  ``error.type``), the plan's decision as its own attributes (``adaptive_lb.position``,
+  ``adaptive_lb.candidates``...), and one ``adaptive_lb.attempt`` event per attempt
+  (host, kind, outcome, latency) unless the request was answered at its first attempt.
+  Every attribute known at the start is given to ``start_span`` in one mapping (the SDK
+  validates each one: ~5k instructions); the end adds only what changed (another
+  coordinator, a speculative execution, an error);
 * one ``db.client.operation.duration`` measurement (seconds) per request, when
   OpenTelemetry metrics are on.
 
@@ -50,6 +54,7 @@ from adaptive_lb.span_attributes import (
     Described,
     StatementAttributes,
     adopt_instrumentation_span,
+    coordinator_attributes,
     operation_name,
     qualified_name,
     server_attributes,
@@ -396,14 +401,3 @@ class RequestTelemetry:
     @staticmethod
     def _failed(policy: Any) -> None:
         policy.record_error("tracing", "this request's span goes without its attempts")
-
-
-def coordinator_attributes(host: Any) -> dict[str, Any]:
-    """``cassandra.coordinator.id`` and ``.dc`` of ``host``, when known."""
-    attributes: dict[str, Any] = {}
-    host_id = getattr(host, "host_id", None)
-    if host_id is not None:
-        attributes["cassandra.coordinator.id"] = str(host_id)
-    if host.datacenter is not None:
-        attributes["cassandra.coordinator.dc"] = host.datacenter
-    return attributes

@@ -23,6 +23,7 @@ __all__ = [
     "INSTRUMENTATION_SCOPE",
     "StatementAttributes",
     "adopt_instrumentation_span",
+    "coordinator_attributes",
     "describe_request",
     "operation_name",
     "qualified_name",
@@ -194,6 +195,17 @@ def server_attributes(host: Any) -> dict[str, Any]:
     port = getattr(host.endpoint, "port", None)
     if port is not None:
         attributes["server.port"] = port
+    return attributes
+
+
+def coordinator_attributes(host: Any) -> dict[str, Any]:
+    """``cassandra.coordinator.id`` and ``.dc`` of ``host``, when known."""
+    attributes: dict[str, Any] = {}
+    host_id = getattr(host, "host_id", None)
+    if host_id is not None:
+        attributes["cassandra.coordinator.id"] = str(host_id)
+    if host.datacenter is not None:
+        attributes["cassandra.coordinator.dc"] = host.datacenter
     return attributes
 
 

@@ -302,7 +302,8 @@ class TracingConfig:
     """Record decisions on the current OpenTelemetry span when one is recording."""
     mode: str = field(default="event", validator=one_of("event", "span"))
     """``event``: an ``adaptive_lb.decision`` event on the current span; ``span``: a child
-    span ``adaptive_lb.query_plan`` per decision."""
+    span ``adaptive_lb.query_plan`` per decision. With request spans (below) the decision
+    is the request span's own attributes instead."""
     ratio: float = field(default=1.0, validator=[number, ge(0.0), le(1.0)])
     """Fraction of decisions recorded (when a span is recording)."""
     attributes: bool = field(default=True, validator=boolean)
