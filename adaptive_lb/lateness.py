@@ -44,7 +44,7 @@ class ClientLateness:
     it added to most). Thread-safe (one lock, taken a few times a second, never on the
     request path); at most :data:`MAX_OBSERVATIONS` kept."""
 
-    __slots__ = ("_intervals", "_lock", "_seen", "_slice_ns")
+    __slots__ = ("_first_ns", "_intervals", "_lock", "_seen", "_slice_ns")
 
     def __init__(self, window_s: float = 10.0, intervals: int = 5) -> None:
         self._lock = threading.Lock()
@@ -54,6 +54,8 @@ class ClientLateness:
             maxlen=MAX_OBSERVATIONS
         )
         """(slice number, lateness in s) of each observation, oldest first."""
+        self._first_ns: int | None = None
+        """When the first lateness was observed (None: never)."""
 
     def reconfigure(self, window_s: float, intervals: int) -> None:
         """A new window length (a reload): what was seen is forgotten."""
@@ -67,12 +69,22 @@ class ClientLateness:
         one at the fork) and nothing seen (the parent's lateness is not this process's)."""
         self._lock = threading.Lock()
         self._seen = collections.deque(maxlen=MAX_OBSERVATIONS)
+        self._first_ns = None
 
     def observe(self, now_ns: int, late_s: float) -> None:
         """The client's timer fired ``late_s`` seconds late at ``now_ns`` (early counts as
         on time)."""
         with self._lock:
+            if self._first_ns is None:
+                self._first_ns = now_ns
             self._seen.append((now_ns // self._slice_ns, max(0.0, late_s)))
+
+    def settled(self, now_ns: int) -> bool:
+        """Whether what is known of the client's lateness may discount an answer: it has
+        been measured for one interval of the window at least, or is not measured at all
+        (nothing feeds it: a test, the simulator without pauses)."""
+        first = self._first_ns
+        return first is None or now_ns - first >= self._slice_ns
 
     def _window(self, now_ns: int) -> list[float]:
         oldest = now_ns // self._slice_ns - self._intervals

@@ -184,16 +184,8 @@ def test_the_tail_rule_needs_min_samples_a_clear_gap_needs_a_few():
     assert tail.state("h0") is HEALTHY
     assert tail.model.health("h0").suspect_since_ns == 0
     assert tail.stats["h0"].latency_factor == 4.0  # 500 ms against a 10 ms threshold: capped
-    # Three answers 100 x slower: a suspicion (a verdict from one window needs min_samples
-    # answers: fewer may all come from one moment); the next interval's answers confirm.
-    median = clusters["median, 3"]
-    assert median.state("h0") is HEALTHY and median.model.health("h0").suspect_since_ns == 0
-    median.clock.advance_s(2.0)
-    median.feed_all(5.0, 10, h0=500.0)
-    median.refresh()
-    assert median.state("h0") is SLOW
-    reason = median.model.health("h0").reason
-    assert "x peer median 0.0050s, 13 samples" in reason and "again in the 10 answers" in reason
+    assert clusters["median, 3"].state("h0") is SLOW
+    assert "x peer median 0.0050s, 3 samples" in clusters["median, 3"].model.health("h0").reason
 
 
 def tail_cluster(slow_ms: float = 60.0) -> Cluster:
