@@ -303,7 +303,6 @@ class HealthModel:
         bodies = peer_medians(windows, groups, config, racks, distances, body)
         lateness_s = self.lateness.high(now)
         typical_lateness_s = self.lateness.typical(now)
-        settled = self.lateness.settled(now)
         recent = self._since_suspected(stats, windows)
         # For the evidence rules (adaptive_lb.evidence): medians of hosts with a few answers.
         typical = peer_medians(
@@ -348,7 +347,6 @@ class HealthModel:
                     peer_bound=bounds[key],
                     lateness_s=lateness_s,
                     typical_lateness_s=typical_lateness_s,
-                    settled=settled,
                     recent=recent.get(key),
                     peer_body=bodies[key],
                 )

@@ -128,7 +128,6 @@ def assess(
     peer_bound: float | None = None,
     lateness_s: float = 0.0,
     typical_lateness_s: float = 0.0,
-    settled: bool = True,
     recent: WindowStats | None = None,
     peer_body: float | None = None,
 ) -> HostHealth:
@@ -194,11 +193,7 @@ def assess(
     # A verdict needs evidence at alpha squared: from the window alone (twice as sure), or
     # at alpha from the window (a suspicion) and again from the answers that came after
     # (``recent``: a disjoint sample). A burst of the client's own is not in both.
-    # Twice as sure from one window, unless the client has not measured its own lateness
-    # for an interval yet (``settled``): a fresh client's first answers can all come from
-    # one moment of its start-up, beside it nothing to discount them by.
-    strong = twice_as_sure(config.certainty)
-    strong_why = gap(window, strong, enough_samples) if settled else None
+    strong_why = gap(window, twice_as_sure(config.certainty), enough_samples)
     weak_why = strong_why or gap(window, config.certainty, enough_samples)
     suspect_since = suspect_interval = None
     if weak_why is not None:

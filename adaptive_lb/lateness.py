@@ -9,7 +9,7 @@ took (:class:`adaptive_lb.refresher.HealthRefresher`; the simulator feeds its ow
 :class:`ClientLateness` keeps what it saw over the statistics window, so that the health
 judgement (:mod:`adaptive_lb.health_rules`, :mod:`adaptive_lb.evidence`) can discount what
 the client itself may have added: the largest lateness to any one answer (a tail), the
-90th percentile to most of them (a median).
+median to most of them (a median).
 
 Imports the standard library only.
 """
@@ -44,7 +44,7 @@ class ClientLateness:
     it added to most). Thread-safe (one lock, taken a few times a second, never on the
     request path); at most :data:`MAX_OBSERVATIONS` kept."""
 
-    __slots__ = ("_first_ns", "_intervals", "_lock", "_seen", "_slice_ns")
+    __slots__ = ("_intervals", "_lock", "_seen", "_slice_ns")
 
     def __init__(self, window_s: float = 10.0, intervals: int = 5) -> None:
         self._lock = threading.Lock()
@@ -54,8 +54,6 @@ class ClientLateness:
             maxlen=MAX_OBSERVATIONS
         )
         """(slice number, lateness in s) of each observation, oldest first."""
-        self._first_ns: int | None = None
-        """When the first lateness was observed (None: never)."""
 
     def reconfigure(self, window_s: float, intervals: int) -> None:
         """A new window length (a reload): what was seen is forgotten."""
@@ -69,22 +67,12 @@ class ClientLateness:
         one at the fork) and nothing seen (the parent's lateness is not this process's)."""
         self._lock = threading.Lock()
         self._seen = collections.deque(maxlen=MAX_OBSERVATIONS)
-        self._first_ns = None
 
     def observe(self, now_ns: int, late_s: float) -> None:
         """The client's timer fired ``late_s`` seconds late at ``now_ns`` (early counts as
         on time)."""
         with self._lock:
-            if self._first_ns is None:
-                self._first_ns = now_ns
             self._seen.append((now_ns // self._slice_ns, max(0.0, late_s)))
-
-    def settled(self, now_ns: int) -> bool:
-        """Whether what is known of the client's lateness may discount an answer: it has
-        been measured for one interval of the window at least, or is not measured at all
-        (nothing feeds it: a test, the simulator without pauses)."""
-        first = self._first_ns
-        return first is None or now_ns - first >= self._slice_ns
 
     def _window(self, now_ns: int) -> list[float]:
         oldest = now_ns // self._slice_ns - self._intervals
@@ -100,8 +88,8 @@ class ClientLateness:
             return max(self._window(now_ns), default=0.0)
 
     def typical(self, now_ns: int) -> float:
-        """The lateness of most of the window ending at ``now_ns``: its 90th percentile,
-        seconds (0 when none was seen)."""
+        """The median lateness of the window ending at ``now_ns``, seconds (0 when none
+        was seen)."""
         with self._lock:
             window = sorted(self._window(now_ns))
-        return window[min(len(window) - 1, int(0.9 * len(window)))] if window else 0.0
+        return window[len(window) // 2] if window else 0.0

@@ -253,6 +253,7 @@ def main() -> None:
         "slow_share": measured.get(slow, 0) / max(1, sum(measured.values())),
         "slow_state": hosts[slow].health_state,
         "slow_states_seen": sorted(counts.slow_states),
+        "slow_latency_factor": hosts[slow].latency_factor,
         "states": {a: h.health_state for a, h in hosts.items()},
         "probes_sent": sum(h.probes_sent_total for h in hosts.values()),
         "probes_answered": sum(h.probes_answered_total for h in hosts.values()),

@@ -84,8 +84,13 @@ def check(report: dict, slow: str) -> None:
     assert report["failure_count"] == 0, report["failures"]
     assert report["internal_errors"] == 0
     assert report["health_refreshes"] > 0
-    # Judged slow (later it may warm back, be judged again: its share is what counts).
-    assert "slow" in report["slow_states_seen"], report["states"]
+    # Judged slow (later it may warm back, be judged again: its share is what counts), or
+    # on the ramp to it: a few answers 4 x slower are a suspicion that raises its latency
+    # factor; the verdict waits for twice that certainty or later answers, which a host
+    # the factor keeps away does not get in 4 s (issue 32: a ramp, not a cliff).
+    assert "slow" in report["slow_states_seen"] or report["slow_latency_factor"] > 1.0, report[
+        "states"
+    ]
     assert report["slow_share"] <= 0.10, report["second_half"]
     assert sum(report["second_half"].values()) >= 100  # the callers made progress
     # The tracked requests (all, or a 1-in-k sample once traffic is thick), and /metrics
