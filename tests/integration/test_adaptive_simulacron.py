@@ -20,6 +20,7 @@ from adaptive_lb import AdaptiveLoadBalancingPolicy, Config, instrument
 from adaptive_lb._driver import is_tracked
 from adaptive_lb.config import HealthConfig, PolicyConfig, TrackingConfig
 from adaptive_lb.health import HealthState
+from adaptive_lb.tools.peers.connect import wait_for_pools
 from tests.integration.load import LoadResult, closed_loop
 from tests.integration.simulacron import Simulacron
 
@@ -87,6 +88,9 @@ def connect(driver_factory: Any, config: Config = FAST, adaptive: bool = True):
     cluster, session = driver_factory(policy)
     if adaptive:
         instrument(session)
+    # Every local host's pool up before the load: a plan's hosts without one are skipped,
+    # and a retry with none left is NoHostAvailable (seen once on scylla-driver in CI).
+    wait_for_pools(session, "dc1")
     return policy, cluster, session, session.prepare(QUERY)
 
 
