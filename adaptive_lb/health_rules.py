@@ -99,7 +99,7 @@ from adaptive_lb.health_return import (
 )
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.health_verdict import HostHealth, warming_penalty
-from adaptive_lb.slowness import Gap, above, threshold_text
+from adaptive_lb.slowness import Gap, threshold_text
 from adaptive_lb.stats import WindowStats
 
 __all__ = ["assess"]
@@ -203,18 +203,18 @@ def assess(
     tail_bounds = tail_percentiles(window.samples, config)
     tail_low = None if tail_bounds is None else window.latency.get(tail_bounds[0])
     suspect_ratio = None
-    if suspect_since is not None and enough_samples and above(tail_low, threshold):
-        suspect_ratio = tail_low / threshold  # type: ignore[operator]
+    if suspect_since is not None and enough_samples and tail_low is not None and threshold:
+        suspect_ratio = tail_low / threshold if tail_low > threshold else None
     slow_why = strong_why
     if slow_why is None and weak_why is not None:
-        held_s = (now_ns - (suspect_since or now_ns)) / _NS
-        fresh_sample = recent is not None and recent.interval == window.interval
-        again = gap(recent, config.certainty, True) if fresh_sample else None  # type: ignore[arg-type]
-        if again is not None and recent is not None:
-            slow_why = (
-                f"{weak_why}; again in the {recent.samples} answers of the last {held_s:.1f}s"
-            )
-        elif relapsing:
+        held_s = 0.0 if suspect_since is None else (now_ns - suspect_since) / _NS
+        if recent is not None and recent.interval == window.interval:  # the same moment
+            again = gap(recent, config.certainty, True)
+            if again is not None:
+                slow_why = (
+                    f"{weak_why}; again in the {recent.samples} answers of the last {held_s:.1f}s"
+                )
+        if slow_why is None and relapsing:
             slow_why = f"{weak_why}; just back from SLOW"
     slow = slow_why is not None
     state = previous.state
