@@ -35,7 +35,7 @@ from adaptive_lb.evidence import (
     typical_samples,
     upper_bound_windows,
 )
-from adaptive_lb.health_rules import assess
+from adaptive_lb.health_rules import Baseline, assess
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.health_verdict import HostHealth, warming_penalty
 from adaptive_lb.lateness import ClientLateness
@@ -47,6 +47,7 @@ from adaptive_lb.silence import SilenceClocks
 from adaptive_lb.stats import HostStats, WindowStats
 
 __all__ = [
+    "Baseline",
     "HealthModel",
     "HealthState",
     "HealthTransition",
@@ -64,6 +65,20 @@ _REPORTED_PERCENTILES = (10.0, 50.0, 95.0, 99.0)
 """Percentiles computed at each refresh besides the configured one (snapshots, exporters;
 p10: the reference of a probe's round trip, :mod:`adaptive_lb.probe_latency`)."""
 _PENALISED = (HealthState.SLOW, HealthState.ERRORING)
+
+
+@define(frozen=True, slots=True)
+class _Refresh:
+    """What one refresh compares every host with (:meth:`HealthModel._compare`)."""
+
+    baselines: dict[Hashable, Baseline]
+    peer_samples: dict[Hashable, int]
+    """About how many answers of each peer its typical latency rests on."""
+    probe_slow: dict[Hashable, str]
+    """Why a probed host is still clearly slow by its probes."""
+    recent: dict[Hashable, WindowStats]
+    """The answers since a host's suspicion (the second, disjoint sample)."""
+    probing: bool
 
 
 @define(frozen=True, slots=True)
@@ -278,7 +293,6 @@ class HealthModel:
         racks: Mapping[Hashable, Hashable] | None,
     ) -> list[HealthTransition]:
         config = self._config
-        window_s = self._window_s
         self._next_refresh_ns = self._clock.now_ns() + round(config.refresh_interval * _NS)
         body = body_percentile(float(config.percentile))
         percentiles = sorted({*_REPORTED_PERCENTILES, float(config.percentile), body})
@@ -288,35 +302,8 @@ class HealthModel:
             for key, host in stats.items()
         }
         now = self._clock.now_ns()
-        distances = thin_distances = None
-        if racks is not None:
-            self._measure_racks(windows, groups, racks, now, self.rack_distances)
-            self._measure_racks(windows, groups, racks, now, self.thin_rack_distances, True)
-            distances = self.rack_distances.distances
-            thin_distances = self.thin_rack_distances.distances
-        medians = peer_medians(windows, groups, config, racks, distances)
-        # The peers' upper confidence bounds of the same percentile: a host's tail must be
-        # above what its peers' tails could be, not only above their estimate.
-        bounds = peer_medians(
-            upper_bound_windows(windows, config), groups, config, racks, distances
-        )
-        bodies = peer_medians(windows, groups, config, racks, distances, body)
-        lateness_s = self.lateness.high(now)
-        typical_lateness_s = self.lateness.typical(now)
-        recent = self._since_suspected(stats, windows)
-        # For the evidence rules (adaptive_lb.evidence): medians of hosts with a few answers.
-        typical = peer_medians(
-            windows, groups, config, racks, thin_distances, 50.0, MIN_EVIDENCE, strict=True
-        )
-        spread = latency_spread(windows.values())
-        peer_samples = typical_samples(windows, groups)
-        probing = self.probing and config.probe_interval > 0
-        # A probed host's round trips say whether it is still clearly slow (probe_latency).
-        args = (groups, racks, thin_distances, typical, peer_samples, spread, config, now)
-        probe_slow = still_slow_hosts(stats, windows, *args, window_s) if probing else {}
-
+        refresh = self._compare(stats, windows, groups, racks, now)
         transitions = []
-        latency_config = config.latency_factor
         stalled: dict[Hashable, float] = {}
         unanswered: dict[Hashable, float] = {}
         with self._state_lock:
@@ -325,66 +312,10 @@ class HealthModel:
                     self._forgotten.add(key)
                     continue
                 host = stats[key]
-                old = self._health.get(key) or HostHealth.initial(now, config)
-                stalled_s = self._silence.stalled_s(key, host, window.in_flight, now)
-                stalled[key] = stalled_s
-                unanswered[key] = max(stalled_s, self._silence.unanswered_s(key, host, now))
-                failures = host.errors_total + host.timeouts_total
-                answers = host.requests_total - failures
-                new = assess(
-                    old,
-                    window,
-                    medians[key],
-                    config,
-                    now,
-                    window_s,
-                    stalled_s,
-                    answers,
-                    failures,
-                    peer_typical=typical[key],
-                    spread=spread,
-                    probe_slow=probe_slow.get(key),
-                    peer_bound=bounds[key],
-                    lateness_s=lateness_s,
-                    typical_lateness_s=typical_lateness_s,
-                    recent=recent.get(key),
-                    peer_body=bodies[key],
-                )
-                if probing:
-                    new = judge(
-                        old, new, host.probes, config, now, window_s, answers, window.in_flight
-                    )
-                self._health[key] = new
-                latency = host.latency
-                if old.state is HealthState.ERRORING and new.state not in _PENALISED:
-                    # Out of a stall or errors: the answers caught in it were not the
-                    # host's service time (the window restarts below).
-                    latency.reset()
-                else:
-                    latency.update(
-                        now,
-                        window.latency.get(50.0),
-                        typical[key],
-                        window.samples,
-                        peer_samples.get(groups.get(key), 0),
-                        spread,
-                        latency_config,
-                        key in probe_slow,
-                        new.suspect_ratio,
-                        typical_lateness_s,
-                    )
-                host.latency_factor = latency.factor
-                if new.probe is None:
-                    host.publish_health(new.state, new.penalty)
-                elif new.probe is not old.probe:
-                    # Placed as a healthy host until its budget is spent (or it fails).
-                    host.start_probe(new.probe.requests, config.penalties.healthy, new.penalty)
-                if new.state is not old.state:
-                    if old.state in _PENALISED and new.state not in _PENALISED:
-                        # Back from SLOW / ERRORING: judged from now on by what it does now,
-                        # not by a window that still holds the bad period.
-                        host.reconfigure(host.config)
-                    transition = HealthTransition(key, old, new)
+                stalled[key] = self._silence.stalled_s(key, host, window.in_flight, now)
+                unanswered[key] = max(stalled[key], self._silence.unanswered_s(key, host, now))
+                transition = self._judge(key, host, window, refresh, stalled[key], now)
+                if transition is not None:
                     transitions.append(transition)
                     self._unreported[key] = transition
             for key in self._forgotten:
@@ -399,6 +330,132 @@ class HealthModel:
         for transition in transitions:
             self._log(transition)
         return transitions
+
+    def _compare(
+        self,
+        stats: Mapping[Hashable, HostStats],
+        windows: dict[Hashable, WindowStats],
+        groups: Mapping[Hashable, Hashable],
+        racks: Mapping[Hashable, Hashable] | None,
+        now: int,
+    ) -> _Refresh:
+        """What each host is compared with at this refresh: its peers (true peers with
+        ``racks``: :mod:`adaptive_lb.peer_groups`), the client's lateness, and what its
+        probes and the answers since its suspicion say."""
+        config = self._config
+        distances = thin_distances = None
+        if racks is not None:
+            self._measure_racks(windows, groups, racks, now, self.rack_distances)
+            self._measure_racks(windows, groups, racks, now, self.thin_rack_distances, True)
+            distances = self.rack_distances.distances
+            thin_distances = self.thin_rack_distances.distances
+        medians = peer_medians(windows, groups, config, racks, distances)
+        # The peers' upper confidence bounds of the same percentile: a host's tail must be
+        # above what its peers' tails could be, not only above their estimate.
+        bounds = peer_medians(
+            upper_bound_windows(windows, config), groups, config, racks, distances
+        )
+        body = body_percentile(float(config.percentile))
+        bodies = peer_medians(windows, groups, config, racks, distances, body)
+        # For the evidence rules (adaptive_lb.evidence): medians of hosts with a few answers.
+        typical = peer_medians(
+            windows, groups, config, racks, thin_distances, 50.0, MIN_EVIDENCE, strict=True
+        )
+        spread = latency_spread(windows.values())
+        peer_samples = typical_samples(windows, groups)
+        lateness_s = self.lateness.high(now)
+        typical_lateness_s = self.lateness.typical(now)
+        baselines = {
+            key: Baseline(
+                medians[key],
+                bounds[key],
+                bodies[key],
+                typical[key],
+                spread,
+                lateness_s,
+                typical_lateness_s,
+            )
+            for key in windows
+        }
+        probing = self.probing and config.probe_interval > 0
+        # A probed host's round trips say whether it is still clearly slow (probe_latency).
+        args = (groups, racks, thin_distances, typical, peer_samples, spread, config, now)
+        probe_slow = still_slow_hosts(stats, windows, *args, self._window_s) if probing else {}
+        recent = self._since_suspected(stats, windows)
+        return _Refresh(
+            baselines,
+            {key: peer_samples.get(groups.get(key), 0) for key in windows},
+            probe_slow,
+            recent,
+            probing,
+        )
+
+    def _judge(
+        self,
+        key: Hashable,
+        host: HostStats,
+        window: WindowStats,
+        refresh: _Refresh,
+        stalled_s: float,
+        now: int,
+    ) -> HealthTransition | None:
+        """Assess one host, publish its verdict and latency factor on its statistics; its
+        transition, if any. Under the state lock."""
+        config = self._config
+        old = self._health.get(key) or HostHealth.initial(now, config)
+        failures = host.errors_total + host.timeouts_total
+        answers = host.requests_total - failures
+        baseline = refresh.baselines[key]
+        probe_slow = refresh.probe_slow.get(key)
+        new = assess(
+            old,
+            window,
+            baseline,
+            config,
+            now,
+            window_s=self._window_s,
+            stalled_s=stalled_s,
+            answers=answers,
+            failures=failures,
+            probe_slow=probe_slow,
+            recent=refresh.recent.get(key),
+        )
+        if refresh.probing:
+            new = judge(
+                old, new, host.probes, config, now, self._window_s, answers, window.in_flight
+            )
+        self._health[key] = new
+        latency = host.latency
+        if old.state is HealthState.ERRORING and new.state not in _PENALISED:
+            # Out of a stall or errors: the answers caught in it were not the host's
+            # service time (the window restarts below).
+            latency.reset()
+        else:
+            latency.update(
+                now,
+                window.latency.get(50.0),
+                baseline.typical,
+                window.samples,
+                refresh.peer_samples[key],
+                baseline.spread,
+                config.latency_factor,
+                probe_slow is not None,
+                new.suspect_ratio,
+                baseline.typical_lateness_s,
+            )
+        host.latency_factor = latency.factor
+        if new.probe is None:
+            host.publish_health(new.state, new.penalty)
+        elif new.probe is not old.probe:
+            # Placed as a healthy host until its budget is spent (or it fails).
+            host.start_probe(new.probe.requests, config.penalties.healthy, new.penalty)
+        if new.state is old.state:
+            return None
+        if old.state in _PENALISED and new.state not in _PENALISED:
+            # Back from SLOW / ERRORING: judged from now on by what it does now, not by a
+            # window that still holds the bad period.
+            host.reconfigure(host.config)
+        return HealthTransition(key, old, new)
 
     def _since_suspected(
         self, stats: Mapping[Hashable, HostStats], windows: Mapping[Hashable, WindowStats]

@@ -26,6 +26,7 @@ from adaptive_lb.evidence import (
     twice_as_sure,
 )
 from adaptive_lb.health import (
+    Baseline,
     HealthModel,
     HealthState,
     HealthTransition,
@@ -420,11 +421,11 @@ def test_assess_stall_rule_is_pure():
     config = HealthConfig(stall_timeout=2.0)
     healthy = HostHealth.initial(0, config)
     empty = window(latency=None, samples=0)
-    assert assess(healthy, empty, None, config, 5 * S, stalled_s=1.99).state is HEALTHY
-    verdict = assess(healthy, empty, None, config, 5 * S, stalled_s=2.0)
+    assert assess(healthy, empty, Baseline(), config, 5 * S, stalled_s=1.99).state is HEALTHY
+    verdict = assess(healthy, empty, Baseline(), config, 5 * S, stalled_s=2.0)
     assert (verdict.state, verdict.since_ns, verdict.penalty) == (ERRORING, 5 * S, 1024.0)
     off = HealthConfig(stall_timeout=0.0)
-    assert assess(healthy, empty, None, off, 5 * S, stalled_s=100.0).state is HEALTHY
+    assert assess(healthy, empty, Baseline(), off, 5 * S, stalled_s=100.0).state is HEALTHY
 
 
 def test_erroring_needs_min_samples_requests_or_sure_evidence():
@@ -724,8 +725,8 @@ def test_assess_is_pure_and_keeps_the_numbers():
     config = HealthConfig()
     previous = settled(HEALTHY, 1.0)
     stats = window(latency=0.004, samples=80, errors=20)
-    first = assess(previous, stats, 0.005, config, 5 * S)
-    assert first == assess(previous, stats, 0.005, config, 5 * S)
+    first = assess(previous, stats, Baseline(0.005), config, 5 * S)
+    assert first == assess(previous, stats, Baseline(0.005), config, 5 * S)
     assert (first.state, first.since_ns, first.penalty) == (HEALTHY, 0, 1.0)
     assert (first.latency, first.peer_median, first.samples, first.requests) == (
         0.004,
@@ -741,13 +742,13 @@ def test_assess_uses_the_configured_percentile():
     stats = window(latency=0.1, percentile=95.0)
     # Its body (p50 for p95) 20 x its peers': SLOW at once (its 27th percentile is, twice
     # as surely).
-    slow = assess(settled(HEALTHY, 1.0), stats, 0.005, config, S, peer_body=0.005)
+    slow = assess(settled(HEALTHY, 1.0), stats, Baseline(0.005, body=0.005), config, S)
     assert slow.state is SLOW and slow.reason.startswith("p27 0.1000s > 0.0100s"), slow.reason
     # Its tail alone, as surely (a tail of 100 answers bounded twice as surely): SLOW too.
-    tail = assess(settled(HEALTHY, 1.0), stats, 0.005, config, S)
+    tail = assess(settled(HEALTHY, 1.0), stats, Baseline(0.005), config, S)
     assert tail.state is SLOW and tail.reason.startswith("p82 0.1000s"), tail.reason
     other = window(latency=0.1, percentile=99.0)
-    first = assess(settled(HEALTHY, 1.0), other, 0.005, config, S)
+    first = assess(settled(HEALTHY, 1.0), other, Baseline(0.005), config, S)
     assert first.state is HEALTHY and first.suspect_since_ns is None
 
 
@@ -776,7 +777,7 @@ def test_assess_invariants(steps, start):
     for advance, latency, peers, samples, errors in steps:
         now += round(advance * S)
         stats = window(latency=latency if samples else None, samples=samples, errors=errors)
-        new = assess(previous, stats, peers, config, now)
+        new = assess(previous, stats, Baseline(peers), config, now)
         held = (now - previous.since_ns) / S
         if new.state is not previous.state:
             assert new.since_ns == now

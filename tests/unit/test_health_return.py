@@ -9,7 +9,7 @@ import pytest
 
 from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, TrackingConfig
-from adaptive_lb.health import HealthModel, HealthState, HostHealth, assess
+from adaptive_lb.health import Baseline, HealthModel, HealthState, HostHealth, assess
 from adaptive_lb.health_return import (
     CLEAN_STREAK,
     MAX_RELAPSES,
@@ -333,26 +333,38 @@ def test_assess_reads_the_evidence_from_the_totals_it_is_given():
     config = HealthConfig()
     stalled = HostHealth(ERRORING, 0, 64.0, "stalled", cause="stall", evidence=Evidence(10, 4))
     # Same totals as at the verdict: nothing new, requests still in flight -> held.
-    held = assess(stalled, window(in_flight=2), 0.005, config, 5 * S, answers=10, failures=4)
+    held = assess(
+        stalled, window(in_flight=2), Baseline(0.005), config, 5 * S, answers=10, failures=4
+    )
     assert held.state is ERRORING and held.evidence == stalled.evidence
     # One more answer, no failure, but a request caught in the stall still in flight: its
     # late answer must not open the new window -- held.
-    caught = assess(stalled, window(in_flight=1), 0.005, config, 5 * S, answers=11, failures=4)
+    caught = assess(
+        stalled, window(in_flight=1), Baseline(0.005), config, 5 * S, answers=11, failures=4
+    )
     assert caught.state is ERRORING
     # Nothing in flight any more: back.
-    back = assess(stalled, window(in_flight=0), 0.005, config, 5 * S, answers=11, failures=4)
+    back = assess(
+        stalled, window(in_flight=0), Baseline(0.005), config, 5 * S, answers=11, failures=4
+    )
     assert back.state is WARMING and back.cause == ""
     assert back.reason == "answering again after a stall: 1 answers, none failed"
     assert back.evidence.returned_ns == 5 * S and back.evidence.answers_at_return == 11
     # One more answer but one more failure too: no streak -- a probe, not a return.
-    mixed = assess(stalled, window(in_flight=0), 0.005, config, 5 * S, answers=11, failures=5)
+    mixed = assess(
+        stalled, window(in_flight=0), Baseline(0.005), config, 5 * S, answers=11, failures=5
+    )
     assert mixed.state is ERRORING and mixed.reason.startswith("probing with 1 request")
     assert mixed.probe == Probe(1, 5) and mixed.evidence.clean_from == 11
     # The probe answered: back.
-    answered = assess(mixed, window(in_flight=0), 0.005, config, 6 * S, answers=12, failures=5)
+    answered = assess(
+        mixed, window(in_flight=0), Baseline(0.005), config, 6 * S, answers=12, failures=5
+    )
     assert answered.state is WARMING and answered.probe is None
     # The probe failed: still ERRORING, the next probe later.
-    failed = assess(mixed, window(in_flight=0), 0.005, config, 6 * S, answers=11, failures=6)
+    failed = assess(
+        mixed, window(in_flight=0), Baseline(0.005), config, 6 * S, answers=11, failures=6
+    )
     assert failed.state is ERRORING and failed.probe is None
     assert failed.evidence.failed_probes == 1 and failed.evidence.probe_failed_ns == 6 * S
 
