@@ -33,13 +33,7 @@ from __future__ import annotations
 from attrs import define
 
 from adaptive_lb.config import HealthConfig
-from adaptive_lb.evidence import (
-    DEFAULT_SPREAD,
-    MIN_EVIDENCE,
-    erroring_by_evidence,
-    tail_percentiles,
-    twice_as_sure,
-)
+from adaptive_lb.evidence import erroring_by_evidence
 from adaptive_lb.health_return import (
     CLEAN_STREAK,
     RELAPSE_WINDOWS,
@@ -52,7 +46,7 @@ from adaptive_lb.health_return import (
 )
 from adaptive_lb.health_state import HealthState
 from adaptive_lb.health_verdict import HostHealth, warming_penalty
-from adaptive_lb.slowness import Gap, threshold_text
+from adaptive_lb.slowness import Baseline, Slowness, judge_slowness
 from adaptive_lb.stats import WindowStats
 
 __all__ = ["Baseline", "assess"]
@@ -66,29 +60,6 @@ def _s(seconds: float | None) -> str:
 
 
 @define(frozen=True, slots=True)
-class Baseline:
-    """What a host's window is judged against at a refresh: its peers' numbers (None where
-    no peer has the answers; :mod:`adaptive_lb.peer_groups`) and the client's own lateness
-    (:mod:`adaptive_lb.lateness`)."""
-
-    tail: float | None = None
-    """The peers' median latency at ``health.percentile`` (None: the host cannot be SLOW by
-    its tail or body: nothing to be an outlier of)."""
-    tail_bound: float | None = None
-    """The peers' median upper confidence bound of that percentile."""
-    body: float | None = None
-    """The peers' median latency at :func:`~adaptive_lb.evidence.body_percentile`."""
-    typical: float | None = None
-    """The peers' median p50, of hosts with a few answers (the median rule's reference)."""
-    spread: float = DEFAULT_SPREAD
-    """The cluster's log-spread of latency (:func:`~adaptive_lb.evidence.latency_spread`)."""
-    lateness_s: float = 0.0
-    """The client's largest lateness over the window: added to the tail and body thresholds."""
-    typical_lateness_s: float = 0.0
-    """Its median lateness: taken off the host's median by the median rule."""
-
-
-@define(frozen=True, slots=True)
 class _Signals:
     """What one refresh reads from a host's window, before any state is considered."""
 
@@ -98,45 +69,15 @@ class _Signals:
     """``min_samples`` requests with an outcome: the error rate counts as it is."""
     enough_samples: bool
     """``min_samples`` latency samples: the tail and body rules may judge."""
-    threshold: float | None
-    """The tail's threshold (None: no peer tail)."""
     stalled: bool
     errors_why: str | None
     """Why it is erroring (None: it is not)."""
-    slow_why: str | None
-    """Why it is SLOW at alpha squared (None: it is not)."""
-    relapsing: bool
-    """WARMING within :data:`~adaptive_lb.health_return.RELAPSE_WINDOWS` windows of its
-    return: one clear answer of a gap will do."""
-    suspect_since_ns: int | None
-    suspect_interval: int | None
-    suspect_ratio: float | None
+    slowness: Slowness
 
-
-def _gap(window: WindowStats, baseline: Baseline, config: HealthConfig, least: int) -> Gap:
-    """The slowness tests of this refresh (:class:`~adaptive_lb.slowness.Gap`): the tail's
-    threshold is ``outlier_factor`` x the peers' estimate and above the peers' own upper
-    confidence bound, plus what the client itself may have added to any answer."""
-    late = baseline.lateness_s
-    tail = baseline.tail
-    threshold = (
-        None
-        if tail is None
-        else max(config.outlier_factor * tail, baseline.tail_bound or 0.0, config.slow_floor) + late
-    )
-    body = baseline.body
-    body_threshold = (
-        None if body is None else max(config.outlier_factor * body, config.slow_floor) + late
-    )
-    return Gap(
-        config,
-        baseline.typical,
-        baseline.spread,
-        least,
-        baseline.typical_lateness_s,
-        (threshold, threshold_text(config, tail, baseline.tail_bound, late)),
-        (body_threshold, threshold_text(config, body, None, late, body=True)),
-    )
+    @property
+    def slow_why(self) -> str | None:
+        """Why it is SLOW (None: it is not)."""
+        return self.slowness.why
 
 
 def _read_signals(
@@ -150,10 +91,9 @@ def _read_signals(
     recent: WindowStats | None,
 ) -> _Signals:
     """The :class:`_Signals` of ``window`` (``recent``: the answers of its intervals entered
-    since the host was suspected, the second, disjoint sample)."""
+    since the host was suspected)."""
     latency = window.latency.get(float(config.percentile))
     enough_requests = window.requests >= config.min_samples
-    enough_samples = window.samples >= config.min_samples and latency is not None
     errors_why = None if enough_requests else erroring_by_evidence(window, config)
     if errors_why is None and enough_requests and window.error_rate > config.error_rate:
         errors_why = (
@@ -166,47 +106,15 @@ def _read_signals(
         and returned_ns is not None
         and now_ns - returned_ns < RELAPSE_WINDOWS * window_s * _NS
     )
-    gap = _gap(window, baseline, config, 1 if relapsing else MIN_EVIDENCE)
-    # A verdict needs evidence at alpha squared: from the window alone (twice as sure), or
-    # at alpha from the window (a suspicion) and again from the answers that came after
-    # (``recent``: a disjoint sample). A burst of the client's own is not in both.
-    strong_why = gap(window, twice_as_sure(config.certainty), enough_samples)
-    weak_why = strong_why or gap(window, config.certainty, enough_samples)
-    since = interval = None
-    if weak_why is not None:
-        fresh = previous.suspect_since_ns is None
-        since = now_ns if fresh else previous.suspect_since_ns
-        interval = window.interval if fresh else previous.suspect_interval
-    threshold = gap.tail[0]
-    bounds = tail_percentiles(window.samples, config)
-    low = None if bounds is None else window.latency.get(bounds[0])
-    ratio = None
-    if since is not None and enough_samples and low is not None and threshold:
-        ratio = low / threshold if low > threshold else None
-    slow_why = strong_why
-    if slow_why is None and weak_why is not None:
-        held_s = 0.0 if since is None else (now_ns - since) / _NS
-        if recent is not None and recent.interval == window.interval:  # the same moment
-            again = gap(recent, config.certainty, True)
-            if again is not None:
-                slow_why = (
-                    f"{weak_why}; again in the {recent.samples} answers of the last {held_s:.1f}s"
-                )
-        if slow_why is None and relapsing:
-            slow_why = f"{weak_why}; just back from SLOW"
-    stalled = 0 < config.stall_timeout <= stalled_s
+    suspected = (previous.suspect_since_ns, previous.suspect_interval)
+    slowness = judge_slowness(window, baseline, config, now_ns, suspected, recent, relapsing)
     return _Signals(
         latency,
         enough_requests,
-        enough_samples,
-        threshold,
-        stalled,
+        window.samples >= config.min_samples and latency is not None,
+        0 < config.stall_timeout <= stalled_s,
         errors_why,
-        slow_why,
-        relapsing,
-        since,
-        interval,
-        ratio,
+        slowness,
     )
 
 
@@ -273,9 +181,9 @@ class _Step:
             evidence=self.evidence if evidence is None else evidence,
             probe=probe,
             warm_up_s=warm_up,
-            suspect_since_ns=signals.suspect_since_ns,
-            suspect_interval=signals.suspect_interval,
-            suspect_ratio=signals.suspect_ratio,
+            suspect_since_ns=signals.slowness.suspect_since_ns,
+            suspect_interval=signals.slowness.suspect_interval,
+            suspect_ratio=signals.slowness.suspect_ratio,
         )
 
     def hold(self, penalty: float, probe: Probe | None = None) -> HostHealth:
@@ -506,7 +414,7 @@ def _slow(step: _Step, probe_slow: str | None) -> HostHealth:
     in_state_s = step.in_state_s
     if in_state_s < hold_s(config.min_state_duration, step.evidence.relapses, step.window_s):
         return step.hold(penalty)
-    latency, threshold = signals.latency, signals.threshold
+    latency, threshold = signals.latency, signals.slowness.threshold
     pct = f"p{config.percentile:g}"
     if signals.enough_samples and latency is not None:
         if threshold is None:

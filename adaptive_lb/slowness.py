@@ -1,13 +1,15 @@
-"""How a sample of a host's answers shows it slower than its peers (pure logic).
+"""Whether a host is slower than its peers, at a stated false-alarm budget (pure logic).
 
 Three ways, each a confidence statement at a given certainty: the host's median against its
 peers' (:func:`~adaptive_lb.evidence.slow_by_evidence`), and the lower confidence bounds of
 its body (p90) and of its tail (p99) above a threshold made from its peers' (the same
 percentile, x ``outlier_factor``) plus the client's own lateness
 (:func:`~adaptive_lb.evidence.tail_percentiles`). :class:`Gap` says which, with the
-numbers; :mod:`adaptive_lb.health_rules` asks it of a host's window (a suspicion, or a
-verdict when twice as sure) and of the answers that came after (the second, disjoint
-sample).
+numbers. :func:`judge_slowness` asks it at each refresh, against the host's
+:class:`Baseline`: a verdict needs evidence at alpha squared, from the window alone (twice
+as sure) or at alpha from the window (a *suspicion*) and again from the answers of the
+window's intervals entered since (a disjoint sample: a burst of the client's own lateness
+is not in both). :mod:`adaptive_lb.health_rules` turns the answer into states.
 
 Imports the config, the statistics' window type and :mod:`adaptive_lb.evidence`.
 """
@@ -17,10 +19,19 @@ from __future__ import annotations
 from attrs import define
 
 from adaptive_lb.config import HealthConfig
-from adaptive_lb.evidence import body_percentile, slow_by_evidence, tail_percentiles
+from adaptive_lb.evidence import (
+    DEFAULT_SPREAD,
+    MIN_EVIDENCE,
+    body_percentile,
+    slow_by_evidence,
+    tail_percentiles,
+    twice_as_sure,
+)
 from adaptive_lb.stats import WindowStats
 
-__all__ = ["Gap", "above", "threshold_text"]
+__all__ = ["Baseline", "Gap", "Slowness", "above", "judge_slowness", "threshold_text"]
+
+_NS = 1_000_000_000
 
 
 def _s(seconds: float | None) -> str:
@@ -80,3 +91,109 @@ class Gap:
             if above(value, threshold):
                 return f"p{at:.3g} {_s(value)} > {_s(threshold)} = {made}, {sample.samples} samples"
         return None
+
+
+@define(frozen=True, slots=True)
+class Baseline:
+    """What a host's window is judged against at a refresh: its peers' numbers (None where
+    no peer has the answers; :mod:`adaptive_lb.peer_groups`) and the client's own lateness
+    (:mod:`adaptive_lb.lateness`)."""
+
+    tail: float | None = None
+    """The peers' median latency at ``health.percentile`` (None: the host cannot be SLOW by
+    its tail or body: nothing to be an outlier of)."""
+    tail_bound: float | None = None
+    """The peers' median upper confidence bound of that percentile."""
+    body: float | None = None
+    """The peers' median latency at :func:`~adaptive_lb.evidence.body_percentile`."""
+    typical: float | None = None
+    """The peers' median p50, of hosts with a few answers (the median rule's reference)."""
+    spread: float = DEFAULT_SPREAD
+    """The cluster's log-spread of latency (:func:`~adaptive_lb.evidence.latency_spread`)."""
+    lateness_s: float = 0.0
+    """The client's largest lateness over the window: added to the tail and body thresholds."""
+    typical_lateness_s: float = 0.0
+    """Its median lateness: taken off the host's median by the median rule."""
+
+    def gap(self, config: HealthConfig, least: int = MIN_EVIDENCE) -> Gap:
+        """The tests against this baseline: the tail's threshold is ``outlier_factor`` x
+        the peers' estimate and above the peers' own upper confidence bound, plus what the
+        client itself may have added to any answer; ``least``: the fewest answers the
+        median rule may decide on."""
+        late, tail, body = self.lateness_s, self.tail, self.body
+        threshold = None
+        if tail is not None:
+            threshold = max(config.outlier_factor * tail, self.tail_bound or 0.0, config.slow_floor)
+            threshold += late
+        body_threshold = None
+        if body is not None:
+            body_threshold = max(config.outlier_factor * body, config.slow_floor) + late
+        return Gap(
+            config,
+            self.typical,
+            self.spread,
+            least,
+            self.typical_lateness_s,
+            (threshold, threshold_text(config, tail, self.tail_bound, late)),
+            (body_threshold, threshold_text(config, body, None, late, body=True)),
+        )
+
+
+@define(frozen=True, slots=True)
+class Slowness:
+    """What a refresh concludes about a host's latency against its peers."""
+
+    why: str | None = None
+    """Why it is SLOW, at alpha squared (None: it is not)."""
+    threshold: float | None = None
+    """The tail's threshold (None: no peer tail)."""
+    suspect_since_ns: int | None = None
+    """Since when it has been suspected at every refresh (None: it is not)."""
+    suspect_interval: int | None = None
+    """The window's interval when the suspicion began: later intervals are the second
+    sample."""
+    suspect_ratio: float | None = None
+    """Its tail's lower bound over the threshold while suspected (None: not above it): the
+    latency factor's floor, the ramp before the verdict."""
+
+
+def judge_slowness(
+    window: WindowStats,
+    baseline: Baseline,
+    config: HealthConfig,
+    now_ns: int,
+    suspected: tuple[int | None, int | None] = (None, None),
+    recent: WindowStats | None = None,
+    relapsing: bool = False,
+) -> Slowness:
+    """Whether ``window`` shows its host slower than ``baseline`` (see the module
+    docstring). ``suspected``: since when (clock ns) and since which interval of the window
+    the host has been suspected (None, None: it was not at the last refresh). ``recent``:
+    the answers of the window's intervals entered since. ``relapsing``: the host is just
+    back from SLOW: the window that sent it there was the first sample, one answer of a
+    gap will do."""
+    latency = window.latency.get(float(config.percentile))
+    tails = window.samples >= config.min_samples and latency is not None
+    gap = baseline.gap(config, 1 if relapsing else MIN_EVIDENCE)
+    strong_why = gap(window, twice_as_sure(config.certainty), tails)
+    weak_why = strong_why or gap(window, config.certainty, tails)
+    threshold = gap.tail[0]
+    if weak_why is None:
+        return Slowness(threshold=threshold)
+    since, interval = suspected
+    if since is None:
+        since, interval = now_ns, window.interval
+    bounds = tail_percentiles(window.samples, config)
+    low = None if bounds is None else window.latency.get(bounds[0])
+    ratio = None
+    if tails and low is not None and threshold and low > threshold:
+        ratio = low / threshold
+    why = strong_why
+    if why is None and recent is not None and recent.interval == window.interval:
+        again = gap(recent, config.certainty, True)
+        if again is not None:
+            held_s = (now_ns - since) / _NS
+            why = f"{weak_why}; again in the {recent.samples} answers of the last {held_s:.1f}s"
+    if why is None and relapsing:
+        why = f"{weak_why}; just back from SLOW"
+    return Slowness(why, threshold, since, interval, ratio)
