@@ -6,7 +6,8 @@ Wrap the policy you already use::
     policy = AdaptiveLoadBalancingPolicy(TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
 
 The names that need the driver are imported on first use, so that the driver-free modules
-(``adaptive_lb.scoring``, ``health``, ``stats``, ``proximity``) import no driver module.
+(:mod:`adaptive_lb.stats`, :mod:`adaptive_lb.health`, the plan's score) import no driver
+module.
 
 May import: the config at once, the policy, request tracking and attachment on first use;
 never a tool.
@@ -19,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 from adaptive_lb.config import Config, ConfigError
 
 if TYPE_CHECKING:
-    from adaptive_lb.attachment import Attachment, attach
-    from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
-    from adaptive_lb.tracking import RequestTracker, instrument
+    from adaptive_lb.runtime.attachment import Attachment, attach
+    from adaptive_lb.runtime.policy import AdaptiveLoadBalancingPolicy
+    from adaptive_lb.runtime.tracking import RequestTracker, instrument
 
 __all__ = [
     "AdaptiveLoadBalancingPolicy",
@@ -35,11 +36,11 @@ __all__ = [
 __version__ = "0.1.0"
 
 _LAZY = {
-    "AdaptiveLoadBalancingPolicy": "adaptive_lb.policy",
-    "Attachment": "adaptive_lb.attachment",
-    "attach": "adaptive_lb.attachment",
-    "RequestTracker": "adaptive_lb.tracking",
-    "instrument": "adaptive_lb.tracking",
+    "AdaptiveLoadBalancingPolicy": "adaptive_lb.runtime.policy",
+    "Attachment": "adaptive_lb.runtime.attachment",
+    "attach": "adaptive_lb.runtime.attachment",
+    "RequestTracker": "adaptive_lb.runtime.tracking",
+    "instrument": "adaptive_lb.runtime.tracking",
 }
 
 

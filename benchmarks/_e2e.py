@@ -70,7 +70,7 @@ def otel_provider() -> tuple[Any, Any]:
         SpanExportResult,
     )
 
-    from adaptive_lb.tracing import EVENT_NAME
+    from adaptive_lb.telemetry.tracing import EVENT_NAME
 
     class CountingExporter(SpanExporter):
         """Drops spans; counts them (and, while ``inspect`` is on, their decision events)."""
@@ -197,7 +197,7 @@ class Variant:
             elif name == "adaptive-untracked":
                 self.tracker = None
             elif name == "adaptive-pools":
-                from adaptive_lb._driver import pool_in_flight_reader
+                from adaptive_lb.runtime._driver import pool_in_flight_reader
 
                 self.tracker = None
                 self.policy.stats.add_in_flight_source(pool_in_flight_reader(self.session))
@@ -212,7 +212,7 @@ class Variant:
                 sampler.every = 11
                 sampler.now_ns = lambda: sampler._last_ns
             if name == "stock-hooked":
-                from adaptive_lb._driver import hook_future
+                from adaptive_lb.runtime._driver import hook_future
 
                 ignored = _IgnoredAttempts()
                 self.session.add_request_init_listener(lambda f: hook_future(f, ignored))
@@ -232,8 +232,8 @@ class Variant:
 
                 self.session.add_request_init_listener(reclass)
             elif name == "stock-tracked":
-                from adaptive_lb._driver import hook_future
-                from adaptive_lb.attempts import Attempts
+                from adaptive_lb.runtime._driver import hook_future
+                from adaptive_lb.runtime.attempts import Attempts
 
                 side = AdaptiveLoadBalancingPolicy(TokenAwarePolicy(DCAwareRoundRobinPolicy(DC)))
                 side.populate(self.cluster, list(self.cluster.metadata.all_hosts()))

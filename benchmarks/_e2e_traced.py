@@ -36,7 +36,7 @@ def batch_provider() -> tuple[Any, Any]:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-    from adaptive_lb.tracing import EVENT_NAME
+    from adaptive_lb.telemetry.tracing import EVENT_NAME
 
     def decision_shown(span: Any) -> bool:  # as an event, or as the request span's own
         attributes = span.attributes or {}

@@ -14,7 +14,7 @@ interleaved rounds:
   (``tracing.mode: event``, what ``instrument`` alone does);
 * ``request``: what a request span gets with ``attach``: the plan hands its decision
   over, and the span starts with the decision's attributes (``DecisionRecorder.
-  request_attributes``, merged into its own as ``adaptive_lb.request_spans`` does).
+  request_attributes``, merged into its own as ``adaptive_lb.runtime.request_spans`` does).
 
 Each cost is the median over rounds of (variant - plan) per request, with its
 interquartile range, and the ratio of the medians. Times are the timing thread's CPU time

@@ -25,7 +25,7 @@ from typing import Any
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb._driver_policies import token_value_function
+from adaptive_lb.plan._driver_policies import token_value_function
 from adaptive_lb.tools.bench import cluster_45, driver_name, measure_paired, routed_statements
 from adaptive_lb.tools.cli_format import HelpFormatter
 

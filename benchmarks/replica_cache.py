@@ -13,7 +13,7 @@ timed at ``ReplicaResolver.replicas`` -- everything a plan spends on finding its
 Rounds are interleaved (each times the three cases once, in turn); figures are medians of
 the rounds, in microseconds per lookup, with the loop's own cost taken off. They give the
 cache's break-even hit ratio -- (miss - bypassed) / (miss - hit) -- which
-``adaptive_lb.replica_cache.BREAK_EVEN_HIT_RATIO`` rounds. The cyclic GC is off while timing.
+``adaptive_lb.plan.replica_cache.BREAK_EVEN_HIT_RATIO`` rounds. The cyclic GC is off while timing.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import PolicyConfig
-from adaptive_lb.replica_cache import BREAK_EVEN_HIT_RATIO
+from adaptive_lb.plan.replica_cache import BREAK_EVEN_HIT_RATIO
 from adaptive_lb.tools.bench import cluster_45, driver_name, timed_kops
 from adaptive_lb.tools.cli_format import HelpFormatter
 from adaptive_lb.tools.sim.driver_topology import murmur3_routing_keys

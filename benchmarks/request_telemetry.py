@@ -38,11 +38,11 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
 from adaptive_lb.config import Config, MetricsConfig
-from adaptive_lb.request_spans import RequestTelemetry
+from adaptive_lb.runtime.request_spans import RequestTelemetry
+from adaptive_lb.runtime.tracking import RequestTracker
 from adaptive_lb.tools.cli_format import HelpFormatter
 from adaptive_lb.tools.offline_session import OfflineFuture, unsent_future
 from adaptive_lb.tools.sim.driver_topology import build_cluster
-from adaptive_lb.tracking import RequestTracker
 
 VARIANTS = ("tracked", "idle", "span", "span+duration")
 

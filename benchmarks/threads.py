@@ -30,8 +30,8 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
-from adaptive_lb.clock import SYSTEM_CLOCK
-from adaptive_lb.stats_registry import StatsRegistry
+from adaptive_lb.core.clock import SYSTEM_CLOCK
+from adaptive_lb.stats.registry import StatsRegistry
 from adaptive_lb.tools.bench import cluster_45, driver_name, routed_statements
 from adaptive_lb.tools.cli_format import HelpFormatter
 

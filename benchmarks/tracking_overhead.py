@@ -13,7 +13,7 @@ delivered to ``future._set_result(...)`` with a real ``ResultMessage``, then
 ``_set_final_result``. Two sessions, each with its own identical policy, one attached with
 ``adaptive_lb.instrument`` and one not, are timed in the same run, so the difference is what
 tracking adds: the listener and its sampler's pick on every request and, on one request in
-``--one-in`` (adaptive_lb.sampling: the k a policy measures, pinned here; 11 is what a
+``--one-in`` (adaptive_lb.stats.sampling: the k a policy measures, pinned here; 11 is what a
 client sending 3,500 requests a second to 3 nodes gets with the default
 ``tracking.samples_per_host``), the hook, count in, record latency (HdrHistogram),
 count out. 35 rounds of 10,000 requests, each round timed without then with tracking; the
@@ -36,7 +36,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, instrument
-from adaptive_lb._driver import pool_in_flight_reader
+from adaptive_lb.runtime._driver import pool_in_flight_reader
 from adaptive_lb.tools.cli_format import HelpFormatter
 from adaptive_lb.tools.offline_session import OfflineSession
 from adaptive_lb.tools.sim.driver_topology import build_cluster

@@ -13,12 +13,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from adaptive_lb.clock import SYSTEM_CLOCK
 from adaptive_lb.config.errors import ConfigError
 from adaptive_lb.config.loader import load_config
 from adaptive_lb.config.model import Config
 from adaptive_lb.config.safe_yaml import MAX_CONFIG_BYTES
-from adaptive_lb.errors import ErrorLog
+from adaptive_lb.core.clock import SYSTEM_CLOCK
+from adaptive_lb.core.errors import ErrorLog
 
 __all__ = ["ConfigWatcher"]
 

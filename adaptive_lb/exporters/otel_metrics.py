@@ -48,11 +48,11 @@ from typing import Any
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from adaptive_lb import forks
+from adaptive_lb.core import forks
 from adaptive_lb.exporters.members import Members, policy_list
 from adaptive_lb.exporters.span_counts import DROP_REASONS, span_export_totals
-from adaptive_lb.health_state import HealthState
-from adaptive_lb.snapshot import take_snapshot
+from adaptive_lb.stats.health_state import HealthState
+from adaptive_lb.telemetry.snapshot import take_snapshot
 
 __all__ = ["register_otel_metrics", "unregister_otel_metrics"]
 

@@ -30,7 +30,7 @@ Families (``_total`` is added by the exposition format to counters):
   ``_misses_total`` / ``_bypassed_total`` / ``_evictions_total`` / ``_invalidations_total``,
   ``adaptive_lb_replica_cache_size`` (gauge), ``adaptive_lb_plan_fallbacks_total`` (internal
   errors answered with the child's plan), ``adaptive_lb_internal_errors_total{stage=...}``
-  (every internal error, see :data:`adaptive_lb.errors.ERROR_STAGES`),
+  (every internal error, see :data:`adaptive_lb.core.errors.ERROR_STAGES`),
   ``adaptive_lb_config_reloads_total{result=...}``,
   ``adaptive_lb_config_info{hash=...}``, ``adaptive_lb_policy_enabled`` (gauge: 1 while
   the policy orders plans, 0 while ``policy.enabled`` is false and every plan is the child
@@ -64,8 +64,8 @@ from prometheus_client.registry import Collector
 
 from adaptive_lb.exporters.members import Members, policy_list
 from adaptive_lb.exporters.span_counts import DROP_REASONS, span_export_totals
-from adaptive_lb.health_state import HealthState
-from adaptive_lb.snapshot import take_snapshot
+from adaptive_lb.stats.health_state import HealthState
+from adaptive_lb.telemetry.snapshot import take_snapshot
 
 __all__ = ["AdaptiveLbCollector"]
 

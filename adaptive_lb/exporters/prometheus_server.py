@@ -17,7 +17,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
-from adaptive_lb import forks
+from adaptive_lb.core import forks
 from adaptive_lb.exporters.members import policy_list
 from adaptive_lb.exporters.prometheus import AdaptiveLbCollector
 
@@ -44,7 +44,7 @@ _endpoints: dict[tuple[str, int], _Endpoint] = {}
 
 def _after_fork_in_child() -> None:
     """A forked child serves none of the parent's endpoints or policies
-    (:mod:`adaptive_lb.forks`): their threads stayed there, their sockets are closed here,
+    (:mod:`adaptive_lb.core.forks`): their threads stayed there, their sockets are closed here,
     and attachments made in the child start afresh on the same collectors."""
     global _lock
     _lock = threading.RLock()

@@ -96,7 +96,7 @@ def _make_policy(kind: str, options: LoadtestOptions, tracer_provider: Any = Non
     if kind == "stock":
         return child
     from adaptive_lb.config import Config
-    from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
+    from adaptive_lb.runtime.policy import AdaptiveLoadBalancingPolicy
 
     config = Config()
     if options.config:
@@ -126,8 +126,8 @@ def _one_run(
     connect: Any,
     tracer_provider: Any = None,
 ) -> RunReport:
-    from adaptive_lb.attachment import attach
-    from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
+    from adaptive_lb.runtime.attachment import attach
+    from adaptive_lb.runtime.policy import AdaptiveLoadBalancingPolicy
     from adaptive_lb.tools.peers.load import closed_loop, key_maker
 
     policy = _make_policy(kind, options, tracer_provider)

@@ -8,7 +8,7 @@ and its unit test. Each request is "sent" to the first host of its plan and
 answered at once with a real ``ResultMessage``, as one attempt.
 
 Imports the driver and the name of its future's policy attribute
-(:data:`adaptive_lb._driver.FUTURE_POLICY_ATTRIBUTE`); imported by tests and benchmarks,
+(:data:`adaptive_lb.runtime._driver.FUTURE_POLICY_ATTRIBUTE`); imported by tests and benchmarks,
 never by the library.
 """
 
@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from cassandra.cluster import ResponseFuture, Session
 from cassandra.protocol import ResultMessage
 
-from adaptive_lb._driver import FUTURE_POLICY_ATTRIBUTE
+from adaptive_lb.runtime._driver import FUTURE_POLICY_ATTRIBUTE
 
 __all__ = ["OfflineFuture", "OfflineSession", "unsent_future"]
 

@@ -28,9 +28,9 @@ from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
-from adaptive_lb.attempts import Attempts
 from adaptive_lb.config import TracingConfig, load_config
 from adaptive_lb.exporters import register_otel_metrics, start_prometheus_server
+from adaptive_lb.runtime.attempts import Attempts
 from adaptive_lb.tools.sim.driver_topology import build_topology, murmur3_routing_keys
 
 CORE_ONLY = os.environ.get("ADAPTIVE_LB_CORE_ONLY") == "1"
@@ -257,10 +257,10 @@ def test_yaml_config(tmp_path, model):
 def test_driver_free_modules_do_not_import_the_driver():
     """The scoring, health and statistics code needs no driver."""
     for module in (
-        "adaptive_lb.scoring",
-        "adaptive_lb.health",
-        "adaptive_lb.stats",
-        "adaptive_lb.window",
+        "adaptive_lb.plan.scoring",
+        "adaptive_lb.health.model",
+        "adaptive_lb.stats.host",
+        "adaptive_lb.stats.window",
     ):
         result = run_python(f"import sys, {module}\nprint('cassandra' in sys.modules)")
         assert result.returncode == 0, result.stderr

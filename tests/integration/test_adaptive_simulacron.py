@@ -17,9 +17,9 @@ from cassandra.policies import (
 )
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config, instrument
-from adaptive_lb._driver import is_tracked
 from adaptive_lb.config import HealthConfig, PolicyConfig, TrackingConfig
-from adaptive_lb.health import HealthState
+from adaptive_lb.health.model import HealthState
+from adaptive_lb.runtime._driver import is_tracked
 from adaptive_lb.tools.peers.connect import wait_for_pools
 from tests.integration.load import LoadResult, closed_loop
 from tests.integration.simulacron import Simulacron

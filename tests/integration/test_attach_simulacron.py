@@ -30,8 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import adaptive_lb
 from adaptive_lb import AdaptiveLoadBalancingPolicy
 from adaptive_lb.config import parse_config
-from adaptive_lb.request_spans import ATTEMPT_EVENT
-from adaptive_lb.tracing import EVENT_NAME
+from adaptive_lb.runtime.request_spans import ATTEMPT_EVENT
+from adaptive_lb.telemetry.tracing import EVENT_NAME
 from tests.integration.load import closed_loop
 from tests.integration.simulacron import Simulacron, wait_for_pools
 from tests.otlp_receiver import attribute_values, otlp_http_receiver
@@ -292,7 +292,7 @@ def test_a_driver_release_tracking_does_not_know_is_left_alone(
     succeeds, and the policy says tracking is off."""
     from cassandra.cluster import ResponseFuture
 
-    from adaptive_lb import tracking
+    from adaptive_lb.runtime import tracking
 
     monkeypatch.setattr(tracking, "tracking_problems", lambda: ["ResponseFuture._query is gone"])
     monkeypatch.setattr(tracking, "_warned_drivers", set())
@@ -364,7 +364,7 @@ def test_a_driver_whose_pools_are_not_known_tracks_every_request(
     """Issue 26: where the pools are not what this release reads (stood in for by the
     check's answer), attach warns once and tracks every request, counting in-flight itself:
     no sampling without the driver's count."""
-    from adaptive_lb import tracking
+    from adaptive_lb.runtime import tracking
 
     monkeypatch.setattr(tracking, "pool_problems", lambda session: ["Session._pools is gone"])
     monkeypatch.setattr(tracking, "_warned_drivers", set())

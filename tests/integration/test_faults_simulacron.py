@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 from adaptive_lb import AdaptiveLoadBalancingPolicy, ConfigError, instrument
 from adaptive_lb.config import load_config
 from adaptive_lb.exporters import setup_tracing
-from adaptive_lb.tracing import EVENT_NAME, SPAN_NAME
+from adaptive_lb.telemetry.tracing import EVENT_NAME, SPAN_NAME
 from tests.integration.simulacron import (
     ERROR_RESULTS,
     Simulacron,

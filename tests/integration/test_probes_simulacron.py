@@ -16,7 +16,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config, instrument
 from adaptive_lb.config import PolicyConfig
-from adaptive_lb.health import HealthState
+from adaptive_lb.health.model import HealthState
 from tests.integration.simulacron import Simulacron
 
 pytestmark = pytest.mark.integration

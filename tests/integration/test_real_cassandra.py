@@ -31,7 +31,7 @@ from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config, instrument
 from adaptive_lb.config import HealthConfig, TrackingConfig
-from adaptive_lb.health import HealthState
+from adaptive_lb.health.model import HealthState
 from adaptive_lb.tools.peers.connect import CQL_PORT, connect_driver
 from tests.integration.cassandra import CassandraCluster
 from tests.integration.delay_proxy import DelayProxy

@@ -22,7 +22,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, instrument
 from adaptive_lb.config import ServerLoadConfig
-from adaptive_lb.server_load import WATCHED_POOLS
+from adaptive_lb.stats.server_load import WATCHED_POOLS
 from adaptive_lb.tools.peers.connect import connect_driver
 from tests.integration.cassandra import CassandraCluster
 from tests.integration.test_real_cassandra import (

@@ -23,7 +23,7 @@ from adaptive_lb.config import (
     ServerLoadConfig,
     TrackingConfig,
 )
-from adaptive_lb.server_load import THREAD_POOLS_QUERY
+from adaptive_lb.stats.server_load import THREAD_POOLS_QUERY
 from tests.integration.simulacron import Simulacron
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, instrument
-from adaptive_lb.tracing import EVENT_NAME
+from adaptive_lb.telemetry.tracing import EVENT_NAME
 from tests.integration.simulacron import Simulacron, wait_for_pools
 
 instrumentation = pytest.importorskip(

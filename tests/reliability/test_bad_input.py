@@ -40,11 +40,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb.attempts import Attempts
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import TrackingConfig
+from adaptive_lb.core.clock import ManualClock
 from adaptive_lb.exporters import AdaptiveLbCollector
-from adaptive_lb.stats import HostStats
+from adaptive_lb.runtime.attempts import Attempts
+from adaptive_lb.stats.host import HostStats
 from adaptive_lb.tools.sim.driver_topology import ClusterModel, build_cluster, murmur3_routing_keys
 from tests.reliability.conftest import statement
 

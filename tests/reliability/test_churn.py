@@ -13,7 +13,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.protocol import ResultMessage
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb.attempts import Attempts
+from adaptive_lb.runtime.attempts import Attempts
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 from tests.reliability.conftest import scaled, statement
 

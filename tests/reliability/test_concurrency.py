@@ -15,8 +15,8 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.protocol import OverloadedErrorMessage, ReadTimeoutErrorMessage, ResultMessage
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config, ConfigError
-from adaptive_lb.attempts import Attempts
 from adaptive_lb.config import HealthConfig, TrackingConfig
+from adaptive_lb.runtime.attempts import Attempts
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 from tests.reliability.conftest import scaled, statement
 

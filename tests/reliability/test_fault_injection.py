@@ -15,11 +15,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-import adaptive_lb.planner
+import adaptive_lb.plan.planner
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import ConfigWatcher, HealthConfig, TracingConfig
 from adaptive_lb.exporters import AdaptiveLbCollector, register_otel_metrics
-from adaptive_lb.replicas import ReplicaResolver
+from adaptive_lb.plan.replicas import ReplicaResolver
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 from tests.reliability.conftest import statement
 
@@ -74,7 +74,7 @@ def test_plan_stages_fall_back_to_the_childs_plan(setup, captured_logs, monkeypa
     if stage == "replica lookup":
         monkeypatch.setattr(ReplicaResolver, "replicas", _raise)
     else:
-        monkeypatch.setattr(adaptive_lb.planner, "order", _raise)
+        monkeypatch.setattr(adaptive_lb.plan.planner, "order", _raise)
     keys = murmur3_routing_keys(PLANS, seed=3)
     _plans_match_the_child(policy, keys)
     assert policy.internal_errors_by_stage["plan"] == PLANS

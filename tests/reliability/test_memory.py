@@ -19,10 +19,10 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.protocol import OverloadedErrorMessage, ResultMessage
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
-from adaptive_lb.attempts import Attempts
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import PolicyConfig
-from adaptive_lb.replicas import MAX_CACHED_KEY_BYTES
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.plan.replicas import MAX_CACHED_KEY_BYTES
+from adaptive_lb.runtime.attempts import Attempts
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 from tests.reliability.conftest import scaled, statement
 

@@ -43,8 +43,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry, generate_latest
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
-from adaptive_lb.attempts import Attempts
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import (
     ConfigError,
     ConfigWatcher,
@@ -54,14 +52,16 @@ from adaptive_lb.config import (
     TracingConfig,
     parse_config,
 )
+from adaptive_lb.core.clock import ManualClock
 from adaptive_lb.exporters import (
     AdaptiveLbCollector,
     register_otel_metrics,
     start_exporters,
     start_prometheus_server,
 )
+from adaptive_lb.runtime.attempts import Attempts
+from adaptive_lb.telemetry.tracing import EVENT_NAME, Decision
 from adaptive_lb.tools.sim.driver_topology import ClusterModel, build_cluster
-from adaptive_lb.tracing import EVENT_NAME, Decision
 
 SENTINEL_RK = b"SENTINEL-RK-7f3a"
 SENTINEL_CQL = "SENTINEL-CQL-91c2"
@@ -479,7 +479,7 @@ def test_request_spans_and_durations_carry_no_sentinel(model, captured_logs):
 
     from cassandra.protocol import QueryMessage
 
-    from adaptive_lb.request_spans import RequestTelemetry
+    from adaptive_lb.runtime.request_spans import RequestTelemetry
 
     clock = ManualClock(10**12)
     provider, exporter = tracing()

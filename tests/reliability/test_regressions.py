@@ -15,10 +15,10 @@ from cassandra.policies import DCAwareRoundRobinPolicy, LoadBalancingPolicy, Tok
 from cassandra.protocol import ResultMessage
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
-from adaptive_lb.attempts import Attempts
-from adaptive_lb.clock import SYSTEM_CLOCK, ManualClock
 from adaptive_lb.config import HealthConfig, TrackingConfig
-from adaptive_lb.stats import HostStats
+from adaptive_lb.core.clock import SYSTEM_CLOCK, ManualClock
+from adaptive_lb.runtime.attempts import Attempts
+from adaptive_lb.stats.host import HostStats
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 from tests.reliability.conftest import scaled, statement
 

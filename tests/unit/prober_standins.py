@@ -1,4 +1,4 @@
-"""Stand-ins for what :class:`adaptive_lb.prober.Prober` talks to, shared by the probe and
+"""Stand-ins for what :class:`adaptive_lb.runtime.prober.Prober` talks to, shared by the probe and
 server-load tests: a session whose ``execute_async`` records its calls and hands out a new
 future each time (``session.future`` is the latest), the future's ``add_callbacks``, and the
 parts of a policy the prober uses. No driver object exists without a server here."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig
+from adaptive_lb.core.clock import ManualClock
 
 
 class StandInFuture:

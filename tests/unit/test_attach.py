@@ -17,13 +17,13 @@ from prometheus_client import CollectorRegistry
 
 import adaptive_lb
 from adaptive_lb import AdaptiveLoadBalancingPolicy, ConfigError
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import Config, MetricsConfig, ReloadConfig, parse_config
-from adaptive_lb.tools.sim.driver_topology import build_cluster
-from adaptive_lb.tracking_watch import (
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.runtime.tracking_watch import (
     UNTRACKED_PLANS_BEFORE_WARNING,
     UNTRACKED_SECONDS_BEFORE_WARNING,
 )
+from adaptive_lb.tools.sim.driver_topology import build_cluster
 
 
 class StandInSession:

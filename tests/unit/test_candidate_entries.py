@@ -7,9 +7,9 @@ import types
 
 import pytest
 
-from adaptive_lb.candidate_entries import candidate_entry
-from adaptive_lb.health_state import HealthState
-from adaptive_lb.scoring import HostView
+from adaptive_lb.plan.scoring import HostView
+from adaptive_lb.stats.health_state import HealthState
+from adaptive_lb.telemetry.candidate_entries import candidate_entry
 
 REFERENCE = (
     "%s:%s in_flight=%d health=%s penalty=%.6g score=%.6g replica=%s server_load=%.3g latency=%.3g"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from adaptive_lb.counting import counter_value, new_counter
+from adaptive_lb.core.counting import counter_value, new_counter
 
 
 def test_value_is_read_without_advancing():

@@ -1,10 +1,10 @@
-"""Fails loudly if a driver release changes an internal that adaptive_lb._driver or
-adaptive_lb._driver_policies relies on.
+"""Fails loudly if a driver release changes an internal that adaptive_lb.runtime._driver or
+adaptive_lb.plan._driver_policies relies on.
 
-Every private or semi-private attribute adaptive-lb reads is listed in adaptive_lb/_driver.py
-(request tracking: futures, pools) or adaptive_lb/_driver_policies.py (the child policy, the
-token map, tablets); this file checks each one on the installed driver (CI runs it against
-both drivers).
+Every private or semi-private attribute adaptive-lb reads is listed in
+adaptive_lb/runtime/_driver.py (request tracking: futures, pools) or
+adaptive_lb/plan/_driver_policies.py (the child policy, the token map, tablets); this file checks
+each one on the installed driver (CI runs it against both drivers).
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from cassandra.policies import (
     TokenAwarePolicy,
 )
 
-from adaptive_lb._driver import FUTURE_POLICY_ATTRIBUTE, driver_release, tracking_problems
-from adaptive_lb._driver_policies import (
+from adaptive_lb.plan._driver_policies import (
     analyse_child,
     child_of,
     keyspace_replica_map,
     tablets_of,
     token_value_function,
 )
+from adaptive_lb.runtime._driver import FUTURE_POLICY_ATTRIBUTE, driver_release, tracking_problems
 from adaptive_lb.tools.sim.driver_topology import build_cluster
 
 
@@ -138,7 +138,7 @@ def test_the_runtime_check_names_what_a_driver_release_changed():
 
 
 def test_per_request_host_targeting_the_probes_use():
-    """Probes (adaptive_lb.prober) use public API only: ``Session.execute_async(...,
+    """Probes (adaptive_lb.runtime.prober) use public API only: ``Session.execute_async(...,
     timeout=, host=)`` sends to that host alone (both drivers since 3.x), the request-init
     listener sees the statement as ``ResponseFuture.query``, and the exceptions it
     classifies are where it imports them from."""

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, TrackingConfig
-from adaptive_lb.evidence import (
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.health.evidence import (
     DEFAULT_SPREAD,
     MIN_EVIDENCE,
     MIN_SPREAD,
@@ -25,8 +25,8 @@ from adaptive_lb.evidence import (
     tail_percentiles,
     tail_ranks,
 )
-from adaptive_lb.health import HealthModel, HealthState
-from adaptive_lb.stats import HostStats, WindowStats
+from adaptive_lb.health.model import HealthModel, HealthState
+from adaptive_lb.stats.host import HostStats, WindowStats
 
 MS = 1_000_000
 S = 1_000_000_000

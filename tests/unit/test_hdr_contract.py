@@ -1,6 +1,6 @@
-"""Fails loudly if an hdrh release changes an internal that adaptive_lb._hdr relies on.
+"""Fails loudly if an hdrh release changes an internal that adaptive_lb.stats._hdr relies on.
 
-Every HdrHistogram internal adaptive-lb touches is in adaptive_lb/_hdr.py; each of its
+Every HdrHistogram internal adaptive-lb touches is in adaptive_lb/stats/_hdr.py; each of its
 functions is checked here against the hdrh method it stands in for: the slot arithmetic
 against ``record_value``, the recorder against ``record_value`` and ``reset``, the merge
 against ``add``, the percentiles against ``get_percentile_to_value_dict``.
@@ -17,7 +17,13 @@ from hdrh.histogram import HdrHistogram
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_lb._hdr import WORD_SIZE, HistogramLayout, Recorder, merge_into, percentile_values
+from adaptive_lb.stats._hdr import (
+    WORD_SIZE,
+    HistogramLayout,
+    Recorder,
+    merge_into,
+    percentile_values,
+)
 
 MAX_US = 60_000_000
 LAYOUTS = [

@@ -16,16 +16,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_lb import health, health_rules, health_verdict, peer_groups
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, HealthPenalties, TrackingConfig
-from adaptive_lb.evidence import (
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.health import model as health
+from adaptive_lb.health import peers as peer_groups
+from adaptive_lb.health import rules as health_rules
+from adaptive_lb.health import verdict as health_verdict
+from adaptive_lb.health.evidence import (
     MIN_EVIDENCE,
     error_rate_lower_bound,
     tail_percentiles,
     twice_as_sure,
 )
-from adaptive_lb.health import (
+from adaptive_lb.health.model import (
     Baseline,
     HealthModel,
     HealthState,
@@ -36,8 +39,8 @@ from adaptive_lb.health import (
     peer_medians,
     warming_penalty,
 )
-from adaptive_lb.peer_groups import _median_without
-from adaptive_lb.stats import HostStats, WindowStats
+from adaptive_lb.health.peers import _median_without
+from adaptive_lb.stats.host import HostStats, WindowStats
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -94,7 +97,7 @@ def window(
     percentile: float = 99.0,
 ) -> WindowStats:
     """A window whose tail is all at ``latency``: at ``percentile`` and at its confidence
-    bounds (adaptive_lb.evidence.tail_percentiles)."""
+    bounds (adaptive_lb.health.evidence.tail_percentiles)."""
     requests = samples + errors if requests is None else requests
     config = HealthConfig(percentile=percentile)
     bounds = tail_percentiles(samples, config) or ()
@@ -123,7 +126,7 @@ def test_ten_times_slower_host_becomes_slow_within_one_refresh():
     assert new.latency == pytest.approx(0.05, rel=0.01)
     assert new.peer_median == pytest.approx(0.005, rel=0.01)
     assert new.samples == 100
-    # Slow through and through: the median settles it at once (adaptive_lb.evidence).
+    # Slow through and through: the median settles it at once (adaptive_lb.health.evidence).
     assert new.reason.startswith("p50 0.05") and "= 10.0 x peer median 0.0050s" in new.reason
     assert "100 samples" in new.reason
     assert all(c.state(k) is HEALTHY and c.penalty(k) == 1.0 for k in ("h1", "h2", "h3", "h4"))
@@ -161,7 +164,7 @@ def test_slow_host_recovers_through_warming_after_the_window():
 def test_the_tail_rule_needs_min_samples_a_clear_gap_needs_a_few():
     """The p99 rule judges from ``min_samples`` (50) answers, by the lower confidence bound
     of the p99 (of 50 answers: the 5th slowest); a host slow at its median is judged from
-    as few answers as the gap allows (adaptive_lb.evidence), never fewer than 3."""
+    as few answers as the gap allows (adaptive_lb.health.evidence), never fewer than 3."""
     clusters = {}
     for name, latencies in {
         "tail, 49": [5.0] * 43 + [500.0] * 6,  # p99 500 ms, median 5 ms
@@ -266,7 +269,7 @@ def test_peers_are_the_hosts_of_the_same_group():
 def test_without_peer_data_nobody_is_slow():
     c = Cluster(hosts=2)
     c.feed("h0", 500.0, 100)
-    c.feed("h1", 5.0, 2)  # under 3 answers: no reference (even for adaptive_lb.evidence)
+    c.feed("h1", 5.0, 2)  # under 3 answers: no reference (even for adaptive_lb.health.evidence)
     c.refresh()
     assert c.state("h0") is HEALTHY
     assert c.model.health("h0").peer_median is None
@@ -880,7 +883,7 @@ def imported_modules(module: object) -> set[str]:
 def test_the_rules_are_pure_and_the_health_modules_import_no_driver() -> None:
     for pure in (health_rules, health_verdict):
         rules = imported_modules(pure)
-        assert not rules & {"threading", "logging", "time", "adaptive_lb.clock"}, rules
+        assert not rules & {"threading", "logging", "time", "adaptive_lb.core.clock"}, rules
     for module in (health_rules, health_verdict, health):
         assert not any(name.split(".")[0] == "cassandra" for name in imported_modules(module))
 
@@ -1003,7 +1006,7 @@ def test_a_stall_that_caught_only_untracked_requests_still_makes_the_host_suspec
     flight and no tracked or probe answer, the host is suspected (``unanswered``) and
     probed, whichever requests happened to be tracked; the stall rule (tracked attempts)
     stays quiet, the probe decides."""
-    from adaptive_lb.probes import ProbeScheduler
+    from adaptive_lb.health.probes import ProbeScheduler
 
     c = Cluster(HealthConfig(probe_timeout=0.5))
     c.feed_all(5.0, 100)
@@ -1037,7 +1040,7 @@ def test_a_stall_that_caught_only_untracked_requests_still_makes_the_host_suspec
 def test_the_clients_lateness_is_the_largest_of_the_window_and_forgotten_after_it():
     """ClientLateness: the largest and the median lateness over the window (10 s in 5
     intervals of 2 s)."""
-    from adaptive_lb.lateness import ClientLateness, discounted
+    from adaptive_lb.stats.lateness import ClientLateness, discounted
 
     lateness = ClientLateness(10.0, 5)
     lateness.observe(1 * S, 0.004)

@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, TrackingConfig
-from adaptive_lb.health import Baseline, HealthModel, HealthState, HostHealth, assess
-from adaptive_lb.health_return import (
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.health.model import Baseline, HealthModel, HealthState, HostHealth, assess
+from adaptive_lb.health.way_back import (
     CLEAN_STREAK,
     MAX_RELAPSES,
     PROBE_BACKOFF,
@@ -21,7 +21,7 @@ from adaptive_lb.health_return import (
     probe_wait_s,
     warm_up_s,
 )
-from adaptive_lb.stats import HostStats, WindowStats
+from adaptive_lb.stats.host import HostStats, WindowStats
 
 MS = 1_000_000
 S = 1_000_000_000

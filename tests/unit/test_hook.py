@@ -1,4 +1,4 @@
-"""The future hook (adaptive_lb._driver.hook_future) on a real ResponseFuture whose network
+"""The future hook (adaptive_lb.runtime._driver.hook_future) on a real ResponseFuture whose network
 steps are stand-ins that do what the driver's do with the request's state: every attempt
 reported once, the end of the request where it happens."""
 
@@ -9,9 +9,9 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.protocol import ResultMessage
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb._driver import hook_future
-from adaptive_lb.attempts import Attempts
-from adaptive_lb.clock import ManualClock
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.runtime._driver import hook_future
+from adaptive_lb.runtime.attempts import Attempts
 from adaptive_lb.tools.offline_session import unsent_future
 from adaptive_lb.tools.sim.driver_topology import build_cluster
 

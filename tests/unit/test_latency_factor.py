@@ -10,18 +10,18 @@ from collections.abc import Callable
 
 import pytest
 
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, LatencyFactorConfig, TrackingConfig
-from adaptive_lb.health import HealthModel, HealthState
-from adaptive_lb.latency_factor import (
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.health.model import HealthModel, HealthState
+from adaptive_lb.plan.scoring import HostView, best_replica
+from adaptive_lb.stats.host import HostStats
+from adaptive_lb.stats.latency_factor import (
     MEDIAN_SE,
     LatencyRecord,
     factor_of,
     gap_bounds,
     next_excess,
 )
-from adaptive_lb.scoring import HostView, best_replica
-from adaptive_lb.stats import HostStats
 
 MS = 1_000_000
 S = 1_000_000_000

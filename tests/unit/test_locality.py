@@ -9,15 +9,15 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import (
     HealthConfig,
     PolicyConfig,
     RackLearningConfig,
 )
-from adaptive_lb.health import HealthState
-from adaptive_lb.locality import LocalRack, RackLearner, resolve_local_rack
-from adaptive_lb.planner import PlanRecord
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.health.model import HealthState
+from adaptive_lb.plan.locality import LocalRack, RackLearner, resolve_local_rack
+from adaptive_lb.plan.planner import PlanRecord
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 from tests.unit.test_tracing import decision_attributes
 

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, TrackingConfig
-from adaptive_lb.health import HealthModel, HealthState
-from adaptive_lb.locality import RackDistances
-from adaptive_lb.peer_groups import MIN_RACK_PEERS, peer_median, peer_medians
-from adaptive_lb.stats import HostStats, WindowStats
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.health.model import HealthModel, HealthState
+from adaptive_lb.health.peers import MIN_RACK_PEERS, peer_median, peer_medians
+from adaptive_lb.plan.locality import RackDistances
+from adaptive_lb.stats.host import HostStats, WindowStats
 
 MS = 1_000_000
 S = 1_000_000_000

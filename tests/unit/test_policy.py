@@ -21,9 +21,9 @@ from cassandra.policies import (
 from cassandra.query import SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import PolicyConfig
-from adaptive_lb.health import HealthState
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.health.model import HealthState
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 try:
@@ -101,17 +101,17 @@ def test_under_load_the_first_host_comes_before_ordering_and_the_plan_is_unchang
     this plan's fill hosts: when none beats the best replica, that replica is yielded
     before the candidates are ordered. The plan is the one ordering every candidate gives
     (a recorded plan always orders all of them)."""
-    import adaptive_lb.planner
-    from adaptive_lb.planner import PlanRecord
+    import adaptive_lb.plan.planner
+    from adaptive_lb.plan.planner import PlanRecord
 
     calls = collections.Counter()
-    real_order = adaptive_lb.planner.order
+    real_order = adaptive_lb.plan.planner.order
 
     def counted_order(*args):
         calls["order"] += 1
         return real_order(*args)
 
-    monkeypatch.setattr(adaptive_lb.planner, "order", counted_order)
+    monkeypatch.setattr(adaptive_lb.plan.planner, "order", counted_order)
     policy = populated(cluster_3dc, TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")))
     rng = random.Random(11)
     hosts = list(cluster_3dc.metadata.all_hosts())

@@ -29,8 +29,8 @@ from prometheus_client import CollectorRegistry
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import ConfigWatcher, PolicyConfig, parse_config
 from adaptive_lb.exporters import AdaptiveLbCollector, register_otel_metrics
+from adaptive_lb.telemetry.tracing import EVENT_NAME
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
-from adaptive_lb.tracing import EVENT_NAME
 
 try:
     from cassandra.policies import RackAwareRoundRobinPolicy

@@ -9,14 +9,14 @@ import random
 
 import pytest
 
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, LatencyFactorConfig, TrackingConfig
-from adaptive_lb.health import HealthModel, HealthState
-from adaptive_lb.latency_factor import LatencyRecord
-from adaptive_lb.probe_latency import MIN_REFERENCE, probe_offset, still_slow
-from adaptive_lb.probe_record import ANSWERED, TIMEOUT
-from adaptive_lb.probes import ProbeScheduler
-from adaptive_lb.stats import HostStats, WindowStats
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.health.model import HealthModel, HealthState
+from adaptive_lb.health.probe_latency import MIN_REFERENCE, probe_offset, still_slow
+from adaptive_lb.health.probes import ProbeScheduler
+from adaptive_lb.stats.host import HostStats, WindowStats
+from adaptive_lb.stats.latency_factor import LatencyRecord
+from adaptive_lb.stats.probe_record import ANSWERED, TIMEOUT
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -94,7 +94,7 @@ def slow_h0(rtt_ms: float) -> Cluster:
     cluster = Cluster()
     cluster.rtt_ms["h0"] = rtt_ms
     # Suspected from its first few answers, SLOW once later answers say it again (the
-    # window's next interval: adaptive_lb.health_rules).
+    # window's next interval: adaptive_lb.health.rules).
     for _ in range(25):
         cluster.run(0.2, slow_ms=60.0)
         if cluster.state("h0") is SLOW:

@@ -15,13 +15,13 @@ from cassandra.connection import ConnectionException, ConnectionShutdown
 from cassandra.pool import NoConnectionsAvailable
 from cassandra.protocol import OverloadedErrorMessage
 
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, TrackingConfig
-from adaptive_lb.health import HealthModel, HealthState
-from adaptive_lb.probe_record import ANSWERED, FAILED, TIMEOUT, UNSENT, ProbeRecord
-from adaptive_lb.prober import Prober, outcome_of_exception
-from adaptive_lb.probes import JITTER, ProbeScheduler
-from adaptive_lb.stats import HostStats
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.health.model import HealthModel, HealthState
+from adaptive_lb.health.probes import JITTER, ProbeScheduler
+from adaptive_lb.runtime.prober import Prober, outcome_of_exception
+from adaptive_lb.stats.host import HostStats
+from adaptive_lb.stats.probe_record import ANSWERED, FAILED, TIMEOUT, UNSENT, ProbeRecord
 from tests.unit.prober_standins import StandInPolicy, StandInSession
 
 MS = 1_000_000
@@ -323,7 +323,7 @@ def test_a_probe_outcome_from_what_the_driver_delivered(exc, outcome):
 
 
 def test_the_sender_targets_one_host_with_the_probe_timeout_and_counts_the_answer():
-    from adaptive_lb.probes import PROBE_QUERY, ProbeOrder
+    from adaptive_lb.health.probes import PROBE_QUERY, ProbeOrder
 
     session, policy = StandInSession(), StandInPolicy()
     prober = Prober(session, [policy]).start()
@@ -344,7 +344,7 @@ def test_the_sender_targets_one_host_with_the_probe_timeout_and_counts_the_answe
 
 
 def test_request_tracking_leaves_the_probe_statement_alone():
-    from adaptive_lb.tracking import RequestTracker
+    from adaptive_lb.runtime.tracking import RequestTracker
 
     class Session:
         cluster = None

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
-from adaptive_lb.clock import ManualClock
+from adaptive_lb.core.clock import ManualClock
 from adaptive_lb.exporters import start_prometheus_server
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
@@ -256,7 +256,7 @@ def test_collector_reads_missing_counters_with_defaults():
 
 def test_health_is_one_hot():
     from adaptive_lb.exporters import AdaptiveLbCollector
-    from adaptive_lb.health_state import HealthState
+    from adaptive_lb.stats.health_state import HealthState
 
     model = build_cluster({"dc1": [1, 1, 1]}, real_cluster=False, seed=1)
     policy = AdaptiveLoadBalancingPolicy(DCAwareRoundRobinPolicy("dc1"))

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from adaptive_lb import replica_cache
-from adaptive_lb.replica_cache import (
+from adaptive_lb.plan import replica_cache
+from adaptive_lb.plan.replica_cache import (
     BREAK_EVEN_HIT_RATIO,
     JUDGED_LOOKUPS,
     REVIEW_EVERY_MISSES,

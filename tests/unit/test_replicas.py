@@ -12,7 +12,7 @@ from cassandra.protocol import ColumnMetadata
 from cassandra.query import PreparedStatement, SimpleStatement
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb._driver_policies import tablets_of
+from adaptive_lb.plan._driver_policies import tablets_of
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 

@@ -19,17 +19,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb._driver import FUTURE_POLICY_ATTRIBUTE
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import Config, MetricsConfig, PrivacyConfig, TracingConfig
-from adaptive_lb.request_spans import (
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.runtime._driver import FUTURE_POLICY_ATTRIBUTE
+from adaptive_lb.runtime.request_spans import (
     ATTEMPT_EVENT,
     DURATION_METRIC,
     RequestTelemetry,
     operation_name,
 )
+from adaptive_lb.telemetry.tracing import EVENT_NAME
 from adaptive_lb.tools.sim.driver_topology import build_cluster
-from adaptive_lb.tracing import EVENT_NAME
 
 MS = 1_000_000
 TEXT = "SELECT v FROM ks.t WHERE k = 42"
@@ -317,8 +317,8 @@ def test_a_failing_span_never_reaches_the_driver_and_is_counted(traced, monkeypa
 
 
 def test_a_failing_observe_leaves_the_request_tracked(monkeypatch):
-    from adaptive_lb.attempts import Attempts
-    from adaptive_lb.tracking import RequestTracker
+    from adaptive_lb.runtime.attempts import Attempts
+    from adaptive_lb.runtime.tracking import RequestTracker
     from tests.unit.test_tracking import ListenerRegistry
 
     _model, policy, telemetry, _clock = build(None, root_spans=True)
@@ -331,7 +331,7 @@ def test_a_failing_observe_leaves_the_request_tracked(monkeypatch):
     monkeypatch.setattr(telemetry, "observe", broken)
     hooked = []
     monkeypatch.setattr(
-        "adaptive_lb.tracking.hook_future", lambda f, a, every_end=False: hooked.append(a)
+        "adaptive_lb.runtime.tracking.hook_future", lambda f, a, every_end=False: hooked.append(a)
     )
     future = future_for(SimpleStatement(TEXT, keyspace="ks"))
     setattr(future, FUTURE_POLICY_ATTRIBUTE, policy)  # where the driver keeps it

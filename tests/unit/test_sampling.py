@@ -1,4 +1,4 @@
-"""Which requests request tracking tracks (adaptive_lb.sampling), and where in-flight
+"""Which requests request tracking tracks (adaptive_lb.stats.sampling), and where in-flight
 counts come from (StatsRegistry's in-flight sources)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import TrackingConfig
-from adaptive_lb.sampling import RESAMPLE_S, Sampler, burst_count, sample_every
-from adaptive_lb.stats_registry import StatsRegistry
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.stats.registry import StatsRegistry
+from adaptive_lb.stats.sampling import RESAMPLE_S, Sampler, burst_count, sample_every
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import collections
 import pytest
 from attrs import define
 
-from adaptive_lb.scoring import (
+from adaptive_lb.plan.scoring import (
     HostView,
     best_replica,
     fill_hosts,

@@ -13,10 +13,11 @@ import attrs
 import pytest
 from cassandra import InvalidRequest, OperationTimedOut, Unauthorized
 
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import HealthConfig, ServerLoadConfig, TrackingConfig
-from adaptive_lb.prober import Prober
-from adaptive_lb.server_load import (
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.runtime.prober import Prober
+from adaptive_lb.stats.host import HostStats
+from adaptive_lb.stats.server_load import (
     STALE_INTERVALS,
     THREAD_POOLS_QUERY,
     PoolReading,
@@ -29,8 +30,7 @@ from adaptive_lb.server_load import (
     smooth,
     supports_thread_pools,
 )
-from adaptive_lb.stats import HostStats
-from adaptive_lb.tracing import CANDIDATES_ATTRIBUTE
+from adaptive_lb.telemetry.tracing import CANDIDATES_ATTRIBUTE
 from tests.unit.prober_standins import StandInPolicy, StandInSession
 from tests.unit.test_tracing import candidates_of
 
@@ -208,7 +208,7 @@ def test_an_empty_answer_or_a_refusal_means_no_table_remembered():
     record.fail(absent="InvalidRequest: unconfigured table thread_pools")
     assert record.supported is False and "unconfigured" in record.unsupported_reason
     # A host that comes back up (a restart: perhaps an upgrade) is asked again.
-    from adaptive_lb.health import HealthModel
+    from adaptive_lb.health.model import HealthModel
 
     stats = HostStats(TrackingConfig(), ManualClock(0))
     stats.load = record
@@ -233,7 +233,7 @@ class _Host:
     ],
 )
 def test_the_sender_reads_one_host_and_counts_what_came_back(exc: Exception, absent: bool):
-    from adaptive_lb.server_load import LoadOrder
+    from adaptive_lb.stats.server_load import LoadOrder
 
     session, policy = StandInSession(), StandInPolicy()
     prober = Prober(session, [policy]).start()
@@ -266,7 +266,7 @@ def test_the_sender_reads_one_host_and_counts_what_came_back(exc: Exception, abs
 
 
 def test_request_tracking_leaves_the_load_read_alone():
-    from adaptive_lb.tracking import RequestTracker
+    from adaptive_lb.runtime.tracking import RequestTracker
 
     class Session:
         cluster = None
@@ -292,7 +292,7 @@ def test_plans_follow_the_factor_and_the_snapshot_metrics_and_trace_show_it():
     from prometheus_client import CollectorRegistry
 
     from adaptive_lb.exporters.prometheus import AdaptiveLbCollector
-    from adaptive_lb.tracing import build_decision
+    from adaptive_lb.telemetry.tracing import build_decision
     from tests.unit.test_snapshot import example_policy
 
     with example_policy() as (policy, clock):

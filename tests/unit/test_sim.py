@@ -10,8 +10,8 @@ import pytest
 
 import adaptive_lb
 from adaptive_lb.config import ConfigError
-from adaptive_lb.probes import ProbeOrder
-from adaptive_lb.sampling import Sampler
+from adaptive_lb.health.probes import ProbeOrder
+from adaptive_lb.stats.sampling import Sampler
 from adaptive_lb.tools.sim import runner
 from adaptive_lb.tools.sim.cli import DEMO_SCENARIOS, main
 from adaptive_lb.tools.sim.driver_side import PoolCounts, attach_driver_side

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from adaptive_lb.config import ConfigError
-from adaptive_lb.server_load import LoadOrder, parse_pools, pressure_of
+from adaptive_lb.stats.server_load import LoadOrder, parse_pools, pressure_of
 from adaptive_lb.tools.sim import runner
 from adaptive_lb.tools.sim.background import Background, capacity, install_background
 from adaptive_lb.tools.sim.driver_side import attach_driver_side

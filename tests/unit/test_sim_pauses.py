@@ -14,7 +14,7 @@ import pytest
 
 import adaptive_lb
 from adaptive_lb.config import ConfigError
-from adaptive_lb.probes import ProbeOrder
+from adaptive_lb.health.probes import ProbeOrder
 from adaptive_lb.tools.sim import runner
 from adaptive_lb.tools.sim.client_pauses import ClientPauses, client_pauses, schedule_tick
 from adaptive_lb.tools.sim.driver_side import PoolCounts, attach_driver_side

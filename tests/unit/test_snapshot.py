@@ -23,10 +23,10 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.pool import Host
 from cassandra.query import SimpleStatement
 
-import adaptive_lb.stats as stats_module
+import adaptive_lb.stats.host as stats_module
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb.clock import ManualClock
-from adaptive_lb.snapshot import AS_OF, HostSnapshot, PolicySnapshot
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.telemetry.snapshot import AS_OF, HostSnapshot, PolicySnapshot
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 ROOT = Path(__file__).resolve().parents[2]

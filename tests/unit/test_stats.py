@@ -11,11 +11,11 @@ from hdrh.histogram import HdrHistogram
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaptive_lb.clock import ManualClock
 from adaptive_lb.config import TrackingConfig
-from adaptive_lb.health_state import HealthState
-from adaptive_lb.stats import EVENTS_LIMIT, HostStats, WindowStats
-from adaptive_lb.stats_registry import StatsRegistry
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.stats.health_state import HealthState
+from adaptive_lb.stats.host import EVENTS_LIMIT, HostStats, WindowStats
+from adaptive_lb.stats.registry import StatsRegistry
 
 MS = 1_000_000
 S = 1_000_000_000

@@ -13,9 +13,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import PrivacyConfig, TracingConfig
-from adaptive_lb.planner import PlanRecord
-from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
-from adaptive_lb.tracing import (
+from adaptive_lb.plan.planner import PlanRecord
+from adaptive_lb.telemetry.tracing import (
     CANDIDATES_ATTRIBUTE,
     EVENT_NAME,
     SPAN_NAME,
@@ -23,6 +22,7 @@ from adaptive_lb.tracing import (
     build_decision,
     current_recording_span,
 )
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 SENTINEL_KEY = b"\xde\xad\xbe\xef\x5e\x71\x11\x01"
 SENTINEL_TEXT = "SELECT secret_column_7731 FROM ks.t WHERE k = 'bound-value-4242'"
@@ -265,7 +265,7 @@ def test_non_recording_span_records_nothing():
 def test_decision_positions_match_the_counters():
     """Every recorded decision's position is one of DECISION_POSITIONS and was counted in
     decisions_by_position: one vocabulary for traces and metrics."""
-    from adaptive_lb.policy import DECISION_POSITIONS
+    from adaptive_lb.runtime.policy import DECISION_POSITIONS
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

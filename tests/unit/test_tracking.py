@@ -19,10 +19,10 @@ from cassandra.protocol import (
 )
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb.attempts import Attempts
-from adaptive_lb.clock import ManualClock
+from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.runtime.attempts import Attempts
+from adaptive_lb.runtime.tracking import RequestTracker
 from adaptive_lb.tools.sim.driver_topology import build_cluster
-from adaptive_lb.tracking import RequestTracker
 
 MS = 1_000_000
 

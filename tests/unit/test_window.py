@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptive_lb.config import TrackingConfig
-from adaptive_lb.window import ERROR, ROTATE, TIMEOUT, SlidingWindow, WindowLayout
+from adaptive_lb.stats.window import ERROR, ROTATE, TIMEOUT, SlidingWindow, WindowLayout
 
 _EVENT = st.one_of(
     st.integers(-10, 90_000_000_000),  # a success (ns; a clock that went back included)

@@ -5,7 +5,7 @@ passed; every request's attempted hosts, coordinator and latency are kept, and e
 request is counted with why (a parameter the driver cannot bind fails the request, not the
 thread). :func:`key_maker` makes keys of the statement's key type.
 
-Imports attrs and the library's :mod:`adaptive_lb._driver` only; the library never imports a
+Imports attrs and the library's :mod:`adaptive_lb.runtime._driver` only; the library never imports a
 tool.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from attrs import define, field
 
-from adaptive_lb._driver import is_tracked
+from adaptive_lb.runtime._driver import is_tracked
 
 
 @define
@@ -38,7 +38,7 @@ class LoadResult:
     """Host address -> attempts sent to it (``ResponseFuture.attempted_hosts``)."""
     tracked_attempts: Counter = field(factory=Counter)
     """Host address -> attempts of the requests request tracking tracked (all of them, or
-    its sample once traffic is thick: :mod:`adaptive_lb.sampling`)."""
+    its sample once traffic is thick: :mod:`adaptive_lb.stats.sampling`)."""
     errors: Counter = field(factory=Counter)
     """Exception type name -> requests that failed."""
     error_messages: dict[str, str] = field(factory=dict)

@@ -36,7 +36,7 @@ from typing import Any
 
 from cassandra.policies import LoadBalancingPolicy
 
-from adaptive_lb.clock import Clock
+from adaptive_lb.core.clock import Clock
 
 __all__ = ["LatencyAwarePolicy", "SlowReplicaAvoidancePolicy"]
 

@@ -16,7 +16,7 @@ a client is paused (:class:`~adaptive_lb.tools.sim.workload.Client`,
 * a client-side timeout, and a probe's or load read's, fires at the pause's end;
 * the periodic tick (:func:`schedule_tick`: adaptive-lb's health refresh, a baseline's
   timer) runs at the pause's end, and adaptive-lb's is told how late it ran first, as
-  :class:`adaptive_lb.refresher.HealthRefresher` measures its own sleep:
+  :class:`adaptive_lb.runtime.refresher.HealthRefresher` measures its own sleep:
   ``policy.health.lateness.observe(now_ns, late_s)``; the next tick is one interval after.
 
 Imports the simulator's engine and (for types) its scenario only.

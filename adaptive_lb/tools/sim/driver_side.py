@@ -2,22 +2,22 @@
 client on the virtual clock, so that the simulator drives the same rules as production:
 
 * :class:`PoolCounts` -- the driver's in-flight count of each host's connection pool
-  (:func:`adaptive_lb._driver.pool_in_flight_reader`), given to the policy as its in-flight
+  (:func:`adaptive_lb.runtime._driver.pool_in_flight_reader`), given to the policy as its in-flight
   source (``policy.stats.add_in_flight_source``): an attempt (or probe) counts from its
   send until *the node* answers it. An attempt the client timed out on stays counted until
   the simulated node's late answer arrives (the driver's orphaned stream), so a stalled
   node's count keeps rising; every request counts, tracked or not. A host marked down has
   no pool: 0.
-* request sampling -- the policy's own :class:`~adaptive_lb.sampling.Sampler` is asked once
-  per request (:meth:`~adaptive_lb.sampling.Sampler.take`, on the virtual clock), and only
+* request sampling -- the policy's own :class:`~adaptive_lb.stats.sampling.Sampler` is asked once
+  per request (:meth:`~adaptive_lb.stats.sampling.Sampler.take`, on the virtual clock), and only
   the requests it picks feed the policy's statistics, every attempt of them
   (:class:`~adaptive_lb.tools.sim.workload.Client`).
-* :class:`SimProber` -- the active probes (:mod:`adaptive_lb.prober`): the policy's
+* :class:`SimProber` -- the active probes (:mod:`adaptive_lb.runtime.prober`): the policy's
   ``use_prober`` sender, sending each ordered probe to its node as a coordinator-only task
   (:mod:`adaptive_lb.tools.sim.own_requests`: network both ways, the node's queue, pauses,
   injected faults, down) with
   ``health.probe_timeout``, its outcome recorded on the host's
-  :class:`~adaptive_lb.probe_record.ProbeRecord` exactly as the prober's callbacks do.
+  :class:`~adaptive_lb.stats.probe_record.ProbeRecord` exactly as the prober's callbacks do.
 * server-load reads -- where the scenario says what the nodes report
   (``nodes.thread_pools``), the policy's ``read_load`` sender
   (:mod:`adaptive_lb.tools.sim.load_reads`): each node's thread pools from its simulated queue.
@@ -34,8 +34,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from adaptive_lb.probe_record import ANSWERED, FAILED, TIMEOUT
-from adaptive_lb.probes import ProbeOrder
+from adaptive_lb.health.probes import ProbeOrder
+from adaptive_lb.stats.probe_record import ANSWERED, FAILED, TIMEOUT
 from adaptive_lb.tools.sim.load_reads import SimLoadReader
 from adaptive_lb.tools.sim.own_requests import OwnRequests, Trip
 from adaptive_lb.tools.sim.servers import SimulatedServers
@@ -77,7 +77,7 @@ class SimProber(OwnRequests):
     failed = FAILED
 
     def send(self, order: ProbeOrder) -> None:
-        """Send the probe ``order`` asks for (what :class:`adaptive_lb.prober.Prober` does
+        """Send the probe ``order`` asks for (what :class:`adaptive_lb.runtime.prober.Prober` does
         through the driver)."""
         stats = order.stats
         record = stats.probes

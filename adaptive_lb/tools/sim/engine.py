@@ -2,7 +2,7 @@
 
 Every event is ``(time_ns, seq, callback, arg)``; ``seq`` makes events at the same instant
 run in the order they were scheduled, so a run is a pure function of its seeds. Before each
-callback the engine moves the shared :class:`~adaptive_lb.clock.ManualClock` to the event's
+callback the engine moves the shared :class:`~adaptive_lb.core.clock.ManualClock` to the event's
 time, so the policies' own tracking and health code (which read that clock) see virtual time.
 
 Imports the library's clock only.
@@ -14,7 +14,7 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-from adaptive_lb.clock import ManualClock
+from adaptive_lb.core.clock import ManualClock
 
 __all__ = ["NS_PER_S", "Engine"]
 

@@ -1,5 +1,5 @@
-"""adaptive-lb's server-load reads, simulated: what :mod:`adaptive_lb.prober` does with a
-:class:`~adaptive_lb.server_load.LoadOrder` in production, against the simulated nodes.
+"""adaptive-lb's server-load reads, simulated: what :mod:`adaptive_lb.runtime.prober` does with a
+:class:`~adaptive_lb.stats.server_load.LoadOrder` in production, against the simulated nodes.
 
 A read is sent like a probe (:class:`~adaptive_lb.tools.sim.driver_side.SimProber`, both
 :class:`~adaptive_lb.tools.sim.own_requests.OwnRequests`): over the network to its node
@@ -13,12 +13,12 @@ and its queue (``pending_tasks``). A scenario whose nodes have no such table
 (``nodes.thread_pools: false``: ScyllaDB, Cassandra 3.x) answers the read with an
 InvalidRequest instead.
 
-The rows then go where the prober's go: :func:`~adaptive_lb.server_load.parse_pools` and
-:meth:`~adaptive_lb.server_load.ServerLoadRecord.answer` (or ``fail``), and the policy's own
-health refresh turns them into the host's factor (:func:`~adaptive_lb.server_load.publish`):
+The rows then go where the prober's go: :func:`~adaptive_lb.stats.server_load.parse_pools` and
+:meth:`~adaptive_lb.stats.server_load.ServerLoadRecord.answer` (or ``fail``), and the policy's own
+health refresh turns them into the host's factor (:func:`~adaptive_lb.stats.server_load.publish`):
 the production code, nothing of it re-implemented here.
 
-Imports the library's :mod:`adaptive_lb.server_load` and the simulator's own requests, nodes
+Imports the library's :mod:`adaptive_lb.stats.server_load` and the simulator's own requests, nodes
 and servers only.
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adaptive_lb.server_load import LoadOrder, ServerLoadRecord, parse_pools
+from adaptive_lb.stats.server_load import LoadOrder, ServerLoadRecord, parse_pools
 from adaptive_lb.tools.sim.node import Node
 from adaptive_lb.tools.sim.own_requests import OwnRequests, Trip
 from adaptive_lb.tools.sim.servers import SimulatedServers

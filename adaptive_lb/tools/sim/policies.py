@@ -36,9 +36,9 @@ import attrs
 from attrs import define
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
-from adaptive_lb.clock import Clock
 from adaptive_lb.config import Config
-from adaptive_lb.policy import AdaptiveLoadBalancingPolicy
+from adaptive_lb.core.clock import Clock
+from adaptive_lb.runtime.policy import AdaptiveLoadBalancingPolicy
 from adaptive_lb.tools.sim.baselines import LatencyAwarePolicy, SlowReplicaAvoidancePolicy
 
 __all__ = ["LABELS", "AdaptiveFeedback", "NoFeedback", "PolicyKit", "build_policy"]
@@ -73,8 +73,8 @@ class NoFeedback:
 
 
 class AdaptiveFeedback:
-    """Feeds adaptive-lb's per-host :class:`~adaptive_lb.stats.HostStats` exactly as the
-    driver-side tracking (:mod:`adaptive_lb.tracking`) does: ``on_send`` per attempt, then
+    """Feeds adaptive-lb's per-host :class:`~adaptive_lb.stats.host.HostStats` exactly as the
+    driver-side tracking (:mod:`adaptive_lb.runtime.tracking`) does: ``on_send`` per attempt, then
     ``on_success`` / ``on_error(fast=True)`` / ``on_timeout``."""
 
     __slots__ = ("_registry", "_stats")

@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 
-from adaptive_lb.clock import ManualClock
+from adaptive_lb.core.clock import ManualClock
 from adaptive_lb.tools.sim.background import install_background
 from adaptive_lb.tools.sim.client_pauses import client_pauses, pause_summary, schedule_tick
 from adaptive_lb.tools.sim.driver_side import attach_driver_side

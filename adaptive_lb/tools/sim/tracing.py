@@ -23,8 +23,8 @@ from typing import Any
 from attrs import define, field
 from opentelemetry import trace
 
-from adaptive_lb.clock import Clock
 from adaptive_lb.config import OtlpConfig, TracingConfig
+from adaptive_lb.core.clock import Clock
 
 __all__ = ["RequestTracer", "TraceSpec", "VirtualTimeSpan", "start_provider"]
 

@@ -8,7 +8,7 @@ Each :class:`Client` is one application instance in one zone with its own policy
 2. sends an attempt to the plan's next host; the policy's feedback hooks (for adaptive-lb:
    the per-host ``HostStats`` lifecycle methods the driver-side tracking calls) see the
    send and exactly one outcome per attempt: success, fast error, or timeout -- for
-   adaptive-lb only on the requests its :class:`~adaptive_lb.sampling.Sampler` picks
+   adaptive-lb only on the requests its :class:`~adaptive_lb.stats.sampling.Sampler` picks
    (``Client.sampler``), while its in-flight counts come from the client's simulated
    pools (``Client.pools``: :mod:`adaptive_lb.tools.sim.driver_side`), which see every attempt
    until the node answers it;
@@ -216,7 +216,7 @@ class Client:
         :class:`~adaptive_lb.tools.sim.driver_side.PoolCounts`; None: the policy reads none)."""
         self.sampler: Any = None
         """Picks the requests whose attempts feed :attr:`feedback` (the policy's
-        :class:`~adaptive_lb.sampling.Sampler`; None: every request)."""
+        :class:`~adaptive_lb.stats.sampling.Sampler`; None: every request)."""
         self.pauses: Any = None
         """Its own pauses (:class:`~adaptive_lb.tools.sim.client_pauses.ClientPauses`)."""
 

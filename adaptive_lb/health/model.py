@@ -1,0 +1,515 @@
+"""Health model: keeps each host's verdict and refreshes it from the host's statistics.
+
+:class:`HealthModel` holds the verdicts (state, locks), and every ``refresh_interval``
+computes each host's window once, applies the pure rules of :mod:`adaptive_lb.health.rules`
+(:func:`assess`, against :func:`~adaptive_lb.health.peers.peer_medians`) and publishes the
+result on the host's :class:`~adaptive_lb.stats.host.HostStats` (``health_penalty``,
+``health_state``), which the policy's hot path reads without a lock; it logs each
+transition and keeps it for the next trace that touches the host. Percentiles are computed
+only here, never per request. No driver import: hosts are plain keys.
+
+Every public name of the health rules (:mod:`adaptive_lb.health.rules`,
+:mod:`adaptive_lb.health.verdict`, the peers' medians of :mod:`adaptive_lb.health.peers`) is
+importable from here too.
+
+May import: its own row (rules, verdict, evidence, peers, probes, probe round trips) and
+the rows below it (statistics, health states, locality, config, clock).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+from attrs import define
+
+from adaptive_lb.config import HealthConfig
+from adaptive_lb.core.clock import Clock
+from adaptive_lb.health.evidence import (
+    MIN_EVIDENCE,
+    body_percentile,
+    bound_percentiles,
+    latency_spread,
+    typical_samples,
+    upper_bound_windows,
+)
+from adaptive_lb.health.peers import peer_median, peer_medians
+from adaptive_lb.health.probe_latency import still_slow_hosts
+from adaptive_lb.health.probes import judge
+from adaptive_lb.health.rules import Baseline, assess
+from adaptive_lb.health.silence import SilenceClocks
+from adaptive_lb.health.verdict import HostHealth, warming_penalty
+from adaptive_lb.plan.locality import RackDistances, RackKey
+from adaptive_lb.stats.health_state import HealthState
+from adaptive_lb.stats.host import HostStats, WindowStats
+from adaptive_lb.stats.lateness import ClientLateness
+
+__all__ = [
+    "Baseline",
+    "HealthModel",
+    "HealthState",
+    "HealthTransition",
+    "HostHealth",
+    "assess",
+    "peer_median",
+    "peer_medians",
+    "warming_penalty",
+]
+
+log = logging.getLogger("adaptive_lb.health")
+
+_NS = 1_000_000_000
+_REPORTED_PERCENTILES = (10.0, 50.0, 95.0, 99.0)
+"""Percentiles computed at each refresh besides the configured one (snapshots, exporters;
+p10: the reference of a probe's round trip, :mod:`adaptive_lb.health.probe_latency`)."""
+_PENALISED = (HealthState.SLOW, HealthState.ERRORING)
+
+
+@define(frozen=True, slots=True)
+class _Refresh:
+    """What one refresh compares every host with (:meth:`HealthModel._compare`)."""
+
+    baselines: dict[Hashable, Baseline]
+    peer_samples: dict[Hashable, int]
+    """About how many answers of each peer its typical latency rests on."""
+    probe_slow: dict[Hashable, str]
+    """Why a probed host is still clearly slow by its probes."""
+    recent: dict[Hashable, WindowStats]
+    """The answers since a host's suspicion (the second, disjoint sample)."""
+    probing: bool
+
+
+@define(frozen=True, slots=True)
+class HealthTransition:
+    """A host changed state."""
+
+    key: Any
+    old: HostHealth
+    new: HostHealth
+
+
+class HealthModel:
+    """Keeps each host's :class:`HostHealth` and applies :func:`assess` on refresh,
+    publishing the penalty and state on the host's :class:`HostStats`.
+
+    Thread-safe: one refresh runs at a time; :meth:`mark_up` and :meth:`forget` may be
+    called from other threads at any moment (a refresh in progress does not undo them).
+    """
+
+    def __init__(
+        self, config: HealthConfig, clock: Clock, window_s: float = 10.0, intervals: int = 5
+    ) -> None:
+        self._config = config
+        self._clock = clock
+        self._window_s = window_s
+        self._intervals = intervals
+        self.lateness = ClientLateness(window_s, intervals)
+        """How late the client's own timer fires, over the statistics window (fed by the
+        refresh thread, or the simulator): what the client itself may add to an answer."""
+        self._health: dict[Hashable, HostHealth] = {}
+        self._windows: dict[Hashable, WindowStats] = {}
+        self._unreported: dict[Hashable, HealthTransition] = {}
+        self._refresh_lock = threading.Lock()
+        """One refresh at a time."""
+        self._state_lock = threading.Lock()
+        """Guards the verdicts while a refresh applies them against mark_up / forget."""
+        self._forgotten: set[Hashable] = set()
+        """Keys forgotten while a refresh runs (it must not re-add them)."""
+        self._refreshing = False
+        self._silence = SilenceClocks()
+        """How long each host has gone unanswered (the stall rule, suspicion)."""
+        self._next_refresh_ns = 0
+        self.rack_distances = RackDistances()
+        """Each rack's distance from this client (refreshed with ``racks``)."""
+        self.thin_rack_distances = RackDistances()
+        """The same from hosts with a few answers (``MIN_EVIDENCE``), for the evidence
+        rules: a client with thin traffic never has ``min_samples`` on a host."""
+        self.refreshes = 0
+        """Refreshes done (for tests and diagnostics)."""
+        self.probing = False
+        """Active probes are being sent (:mod:`adaptive_lb.runtime.prober` sets it while it runs):
+        then their outcomes judge a host too, and no user request is a probe
+        (:func:`adaptive_lb.health.probes.judge`); without, a stalled or erroring host is tried
+        again with user requests (``health.probe_interval`` 0 does the same)."""
+        self.stalled: dict[Hashable, float] = {}
+        """Per host, at the last refresh: seconds with requests in flight and no answer."""
+        self.unanswered: dict[Hashable, float] = {}
+        """Per host, at the last refresh: seconds with requests in flight by the driver's
+        count (untracked ones too) and no tracked answer nor probe answer: what makes a
+        host suspected, and probed (:mod:`adaptive_lb.health.probes`), whichever of its requests
+        happened to be tracked."""
+
+    @property
+    def config(self) -> HealthConfig:
+        """The health config in force."""
+        return self._config
+
+    @property
+    def clock(self) -> Clock:
+        """The clock verdicts are timed with."""
+        return self._clock
+
+    def reconfigure(
+        self, config: HealthConfig, window_s: float | None = None, intervals: int | None = None
+    ) -> None:
+        """Use new thresholds and penalties (and statistics window length and intervals) from
+        the next refresh on; current verdicts stay."""
+        self._config = config
+        if (window_s, intervals) != (None, None) and (window_s, intervals) != (
+            self._window_s,
+            self._intervals,
+        ):
+            self._window_s = self._window_s if window_s is None else window_s
+            self._intervals = self._intervals if intervals is None else intervals
+            self.lateness.reconfigure(self._window_s, self._intervals)
+
+    def health(self, key: Hashable) -> HostHealth | None:
+        """The last verdict for ``key``."""
+        return self._health.get(key)
+
+    @property
+    def verdicts(self) -> Mapping[Hashable, HostHealth]:
+        """Every host's last verdict (read only)."""
+        return self._health
+
+    @property
+    def windows(self) -> Mapping[Hashable, WindowStats]:
+        """Every host's window as of the last refresh (read only)."""
+        return self._windows
+
+    def window_stats(self, key: Hashable) -> WindowStats | None:
+        """The window statistics computed for ``key`` at the last refresh (so that
+        snapshots and exporters do not compute percentiles again)."""
+        return self._windows.get(key)
+
+    def mark_up(self, key: Hashable, stats: HostStats) -> HealthTransition:
+        """``key`` came back up: it starts WARMING now, whatever its state (HEALTHY at once
+        if ``slow_start`` is 0)."""
+        with self._state_lock:
+            now = self._clock.now_ns()
+            old = self._health.get(key) or HostHealth.initial(now, self._config)
+            new = HostHealth.warming(now, self._config, "host came back up")
+            self._health[key] = new
+            self._forgotten.discard(key)
+            stats.publish_health(new.state, new.penalty)
+            stats.latency.reset()  # restarted: what it answered before says nothing now
+            stats.latency_factor = 1.0
+            transition = HealthTransition(key, old, new)
+            self._unreported[key] = transition
+        stats.load.came_back()  # restarted, perhaps upgraded: has it thread pools now?
+        self._log(transition)
+        return transition
+
+    def forget(self, key: Hashable) -> None:
+        """Drop everything about ``key`` (host removed)."""
+        with self._state_lock:
+            self._health.pop(key, None)
+            self._windows.pop(key, None)
+            self._silence.forget(key)
+            self.stalled.pop(key, None)
+            self.unanswered.pop(key, None)
+            self._unreported.pop(key, None)
+            # A refresh may be computing windows from a mapping that still holds the key.
+            # (Only then: with no refresh running there is nothing to undo, and keeping
+            # the key would hold a removed host for ever.)
+            if self._refreshing:
+                self._forgotten.add(key)
+
+    def pop_unreported(self, key: Hashable) -> HealthTransition | None:
+        """The latest transition of ``key`` not yet shown in a trace (then forgotten): the
+        next recorded decision that touches the host reports it."""
+        if not self._unreported:
+            return None
+        return self._unreported.pop(key, None)
+
+    def maybe_refresh(
+        self,
+        stats: Mapping[Hashable, HostStats],
+        groups: Mapping[Hashable, Hashable],
+        is_known: Callable[[Hashable], bool] | None = None,
+        racks: Mapping[Hashable, Hashable] | None = None,
+    ) -> list[HealthTransition] | None:
+        """:meth:`refresh` if ``refresh_interval`` has passed since the last one and no other
+        thread is refreshing right now; None otherwise (an int compare when it is not
+        time; never waits)."""
+        if self._clock.now_ns() < self._next_refresh_ns:
+            return None
+        if not self._refresh_lock.acquire(blocking=False):
+            return None
+        try:
+            # Another thread may have refreshed between the compare and the acquire.
+            if self._clock.now_ns() < self._next_refresh_ns:
+                return None
+            return self._refresh(stats, groups, is_known, racks)
+        finally:
+            self._refresh_lock.release()
+
+    def refresh(
+        self,
+        stats: Mapping[Hashable, HostStats],
+        groups: Mapping[Hashable, Hashable],
+        is_known: Callable[[Hashable], bool] | None = None,
+        racks: Mapping[Hashable, Hashable] | None = None,
+    ) -> list[HealthTransition]:
+        """Compute every host's window once, the peer medians per group (a host's peers are
+        the other hosts of its group, e.g. its datacenter; hosts missing from ``groups``
+        form one group), and the new verdicts; publish them on the hosts' stats and return
+        the transitions. Waits for a refresh in progress.
+
+        ``racks`` (host -> rack), when given, makes the peers true peers: the host's rack,
+        else its group corrected by each rack's distance (:mod:`adaptive_lb.health.peers`),
+        kept in :attr:`rack_distances`.
+
+        ``is_known(key)``, when given, is asked while the verdicts are applied: a key it
+        denies (removed since ``stats`` was taken) gets no verdict. The caller must
+        publish a removal before calling :meth:`forget`, so that a removal racing the
+        refresh is seen by one or the other."""
+        with self._refresh_lock:
+            return self._refresh(stats, groups, is_known, racks)
+
+    def _refresh(
+        self,
+        stats: Mapping[Hashable, HostStats],
+        groups: Mapping[Hashable, Hashable],
+        is_known: Callable[[Hashable], bool] | None,
+        racks: Mapping[Hashable, Hashable] | None,
+    ) -> list[HealthTransition]:
+        with self._state_lock:
+            self._refreshing = True
+        try:
+            return self._assess_all(stats, groups, is_known, racks)
+        finally:
+            with self._state_lock:
+                self._refreshing = False
+                self._forgotten.clear()
+
+    def _assess_all(
+        self,
+        stats: Mapping[Hashable, HostStats],
+        groups: Mapping[Hashable, Hashable],
+        is_known: Callable[[Hashable], bool] | None,
+        racks: Mapping[Hashable, Hashable] | None,
+    ) -> list[HealthTransition]:
+        config = self._config
+        self._next_refresh_ns = self._clock.now_ns() + round(config.refresh_interval * _NS)
+        body = body_percentile(float(config.percentile))
+        percentiles = sorted({*_REPORTED_PERCENTILES, float(config.percentile), body})
+        # The expensive part (percentiles), with no lock the hot path or mark_up wait for.
+        windows = {
+            key: host.window_stats(percentiles, lambda n: bound_percentiles(n, config))
+            for key, host in stats.items()
+        }
+        now = self._clock.now_ns()
+        refresh = self._compare(stats, windows, groups, racks, now)
+        transitions = []
+        stalled: dict[Hashable, float] = {}
+        unanswered: dict[Hashable, float] = {}
+        with self._state_lock:
+            for key, window in windows.items():
+                if key in self._forgotten or (is_known is not None and not is_known(key)):
+                    self._forgotten.add(key)
+                    continue
+                host = stats[key]
+                stalled[key] = self._silence.stalled_s(key, host, window.in_flight, now)
+                unanswered[key] = max(stalled[key], self._silence.unanswered_s(key, host, now))
+                transition = self._judge(key, host, window, refresh, stalled[key], now)
+                if transition is not None:
+                    transitions.append(transition)
+                    self._unreported[key] = transition
+            for key in self._forgotten:
+                windows.pop(key, None)
+                self._silence.forget(key)
+                self._health.pop(key, None)
+                self._unreported.pop(key, None)
+            self._windows = windows
+            self.stalled = stalled
+            self.unanswered = unanswered
+            self.refreshes += 1
+        for transition in transitions:
+            self._log(transition)
+        return transitions
+
+    def _compare(
+        self,
+        stats: Mapping[Hashable, HostStats],
+        windows: dict[Hashable, WindowStats],
+        groups: Mapping[Hashable, Hashable],
+        racks: Mapping[Hashable, Hashable] | None,
+        now: int,
+    ) -> _Refresh:
+        """What each host is compared with at this refresh: its peers (true peers with
+        ``racks``: :mod:`adaptive_lb.health.peers`), the client's lateness, and what its
+        probes and the answers since its suspicion say."""
+        config = self._config
+        distances = thin_distances = None
+        if racks is not None:
+            self._measure_racks(windows, groups, racks, now, self.rack_distances)
+            self._measure_racks(windows, groups, racks, now, self.thin_rack_distances, True)
+            distances = self.rack_distances.distances
+            thin_distances = self.thin_rack_distances.distances
+        medians = peer_medians(windows, groups, config, racks, distances)
+        # The peers' upper confidence bounds of the same percentile: a host's tail must be
+        # above what its peers' tails could be, not only above their estimate.
+        bounds = peer_medians(
+            upper_bound_windows(windows, config), groups, config, racks, distances
+        )
+        body = body_percentile(float(config.percentile))
+        bodies = peer_medians(windows, groups, config, racks, distances, body)
+        # For the evidence rules (adaptive_lb.health.evidence): medians of hosts with a few answers.
+        typical = peer_medians(
+            windows, groups, config, racks, thin_distances, 50.0, MIN_EVIDENCE, strict=True
+        )
+        spread = latency_spread(windows.values())
+        peer_samples = typical_samples(windows, groups)
+        lateness_s = self.lateness.high(now)
+        typical_lateness_s = self.lateness.typical(now)
+        baselines = {
+            key: Baseline(
+                medians[key],
+                bounds[key],
+                bodies[key],
+                typical[key],
+                spread,
+                lateness_s,
+                typical_lateness_s,
+            )
+            for key in windows
+        }
+        probing = self.probing and config.probe_interval > 0
+        # A probed host's round trips say whether it is still clearly slow (probe_latency).
+        args = (groups, racks, thin_distances, typical, peer_samples, spread, config, now)
+        probe_slow = still_slow_hosts(stats, windows, *args, self._window_s) if probing else {}
+        recent = self._since_suspected(stats, windows)
+        return _Refresh(
+            baselines,
+            {key: peer_samples.get(groups.get(key), 0) for key in windows},
+            probe_slow,
+            recent,
+            probing,
+        )
+
+    def _judge(
+        self,
+        key: Hashable,
+        host: HostStats,
+        window: WindowStats,
+        refresh: _Refresh,
+        stalled_s: float,
+        now: int,
+    ) -> HealthTransition | None:
+        """Assess one host, publish its verdict and latency factor on its statistics; its
+        transition, if any. Under the state lock."""
+        config = self._config
+        old = self._health.get(key) or HostHealth.initial(now, config)
+        failures = host.errors_total + host.timeouts_total
+        answers = host.requests_total - failures
+        baseline = refresh.baselines[key]
+        probe_slow = refresh.probe_slow.get(key)
+        new = assess(
+            old,
+            window,
+            baseline,
+            config,
+            now,
+            window_s=self._window_s,
+            stalled_s=stalled_s,
+            answers=answers,
+            failures=failures,
+            probe_slow=probe_slow,
+            recent=refresh.recent.get(key),
+        )
+        if refresh.probing:
+            new = judge(
+                old, new, host.probes, config, now, self._window_s, answers, window.in_flight
+            )
+        self._health[key] = new
+        latency = host.latency
+        if old.state is HealthState.ERRORING and new.state not in _PENALISED:
+            # Out of a stall or errors: the answers caught in it were not the host's
+            # service time (the window restarts below).
+            latency.reset()
+        else:
+            latency.update(
+                now,
+                window.latency.get(50.0),
+                baseline.typical,
+                window.samples,
+                refresh.peer_samples[key],
+                baseline.spread,
+                config.latency_factor,
+                probe_slow is not None,
+                new.suspect_ratio,
+                baseline.typical_lateness_s,
+            )
+        host.latency_factor = latency.factor
+        if new.probe is None:
+            host.publish_health(new.state, new.penalty)
+        elif new.probe is not old.probe:
+            # Placed as a healthy host until its budget is spent (or it fails).
+            host.start_probe(new.probe.requests, config.penalties.healthy, new.penalty)
+        if new.state is old.state:
+            return None
+        if old.state in _PENALISED and new.state not in _PENALISED:
+            # Back from SLOW / ERRORING: judged from now on by what it does now, not by a
+            # window that still holds the bad period.
+            host.reconfigure(host.config)
+        return HealthTransition(key, old, new)
+
+    def _since_suspected(
+        self, stats: Mapping[Hashable, HostStats], windows: Mapping[Hashable, WindowStats]
+    ) -> dict[Hashable, WindowStats]:
+        """For each host whose tail is suspected since an earlier interval of its window,
+        the answers of the intervals since (a sample disjoint from the one that raised the
+        suspicion; :mod:`adaptive_lb.health.rules`)."""
+        config = self._config
+        recent = {}
+        for key, verdict in list(self._health.items()):
+            since = verdict.suspect_interval
+            window = windows.get(key)
+            if since is None or window is None or window.interval <= since or key not in stats:
+                continue
+            more = lambda n: bound_percentiles(n, config)  # noqa: E731
+            recent[key] = stats[key].window_stats((), more, newer_than=since)
+        return recent
+
+    def _measure_racks(
+        self,
+        windows: Mapping[Hashable, WindowStats],
+        groups: Mapping[Hashable, Hashable],
+        racks: Mapping[Hashable, Hashable],
+        now_ns: int,
+        into: RackDistances,
+        thin: bool = False,
+    ) -> None:
+        """Update ``into`` from the p50 of the hosts that were HEALTHY at the last refresh
+        and have ``min_samples`` (``thin``: ``MIN_EVIDENCE``) samples (before judging them:
+        a host that slows down is judged against its rack's distance from before)."""
+        min_samples = MIN_EVIDENCE if thin else self._config.min_samples
+        measured: dict[RackKey, list[float]] = {}
+        for key, window in windows.items():
+            p50 = window.latency.get(50.0)
+            health = self._health.get(key)
+            if (
+                p50 is None
+                or window.samples < min_samples
+                or key not in racks
+                or (health is not None and health.state is not HealthState.HEALTHY)
+            ):
+                continue
+            measured.setdefault((groups.get(key), racks[key]), []).append(p50)
+        into.update(measured, now_ns, self._window_s)
+        into.forget({(groups.get(key), rack) for key, rack in racks.items()})
+
+    @staticmethod
+    def _log(transition: HealthTransition) -> None:
+        new = transition.new
+        log.info(
+            "host %s: %s -> %s (penalty %.1f): %s",
+            transition.key,
+            transition.old.state.value,
+            new.state.value,
+            new.penalty,
+            new.reason,
+        )

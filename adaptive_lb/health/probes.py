@@ -1,0 +1,275 @@
+"""Active probes, the pure part: which hosts to probe now, and what a probe's outcome
+means for a host's health.
+
+A *probe* is a small request of adaptive-lb's own, sent to one host only with a short
+timeout (:mod:`adaptive_lb.runtime.prober` sends it through the driver); a user request is never
+the probe. Its outcome is counted on the host's
+:class:`~adaptive_lb.stats.probe_record.ProbeRecord`, apart from the user's requests, and never
+enters the latency window.
+
+**Which hosts** (:class:`ProbeScheduler`, at each health refresh): a host that is
+
+* ERRORING (stalled, or erroring) -- to see it answer again;
+* WARMING after a stall, or SLOW -- unless it answered a user request within
+  ``probe_interval`` (enough fresh user traffic);
+* *suspected*: requests in flight and no answer for ``probe_timeout`` (a probe would have
+  failed by then), or a user request failed and nothing answered since;
+* without fresh evidence: it had user requests in the window, but neither they nor a probe
+  answered for 2 x ``probe_interval``, while other hosts answered this client within
+  ``probe_interval`` (a client that sends nothing, or waits on a hung request, needs no
+  fresh evidence);
+
+and live, with no probe outstanding, and at least ``probe_interval`` (jittered +/- 25 %)
+since its last probe. A healthy host answering its user requests is never probed.
+
+**What the outcome means** (:func:`judge`, applied by the health model after
+:func:`~adaptive_lb.health.rules.assess` while probes are being sent):
+
+* a probe that timed out makes its host ERRORING (cause ``stall``, penalty
+  ``penalties.stalled``) at once -- unless the host answered user requests while the probe
+  waited (a busy node is slow, not stalled: on a real 3-node cluster under full scans, a
+  healthy replica's 0.5 s probe timeout sent its traffic to a non-replica) -- and one that
+  failed ERRORING (cause ``errors``), at once; unless a later probe answered;
+* a *stalled* host gets no user request (no user-request probe,
+  :class:`~adaptive_lb.health.way_back.Probe`) until a probe answers after its verdict, its
+  hold (:func:`~adaptive_lb.health.way_back.hold_s`) is over and nothing caught in the stall
+  is in flight on it; then it is HEALTHY at once: the probe waited behind whatever the
+  stall had queued, so the host is serving again and nothing in it is cold (a warm-up of
+  ``min_state_duration`` would keep a thin client off it that long; a relapse is still
+  held longer);
+* an *erroring* host's way back stays the one without probes (its next requests placed as
+  healthy, the first failure ends it: a probe's answer shows the host reachable, not the
+  user's requests succeeding), but it opens only once a probe answered since the verdict
+  and since the last failed try.
+
+No driver import, no thread, no clock of its own. Imports attrs and adaptive-lb's pure
+layers only (config, health_verdict, health_return, health_state, probe_record, stats).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable, Iterable, Mapping
+
+from attrs import define, evolve
+
+from adaptive_lb.config import HealthConfig
+from adaptive_lb.health.verdict import HostHealth
+from adaptive_lb.health.way_back import hold_s
+from adaptive_lb.stats.health_state import HealthState
+from adaptive_lb.stats.host import HostStats, WindowStats
+from adaptive_lb.stats.probe_record import TIMEOUT, ProbeRecord
+
+__all__ = ["JITTER", "PROBE_QUERY", "ProbeOrder", "ProbeScheduler", "judge", "probe_reason"]
+
+PROBE_QUERY = "SELECT release_version FROM system.local"
+"""What a probe asks: one row the node reads from its own memory, that every role may read
+(authentication on or off), in no keyspace of the user's."""
+JITTER = 0.25
+"""A host's next probe comes ``probe_interval`` x (1 +/- this) after the last: clients
+started together do not probe in step."""
+IDLE_INTERVALS = 2.0
+"""A host with user requests in the window but no answer (user or probe) for this many
+``probe_interval`` is probed: its evidence is stale."""
+
+_NS = 1_000_000_000
+
+
+@define(frozen=True, slots=True)
+class ProbeOrder:
+    """Probe ``key`` now, for ``reason``; no other probe of it before ``next_ns``."""
+
+    key: Hashable
+    stats: HostStats
+    reason: str
+    next_ns: int
+
+
+def observe(stats: HostStats, now_ns: int) -> int:
+    """Note the host's user answer count on its record (``user_answers``, and when it last
+    changed: ``user_answer_ns``); when it last answered a user request. Once per host per
+    refresh, before :func:`probe_reason`."""
+    record = stats.probes
+    answers = stats.requests_total - stats.errors_total - stats.timeouts_total
+    if record.user_answer_ns is None or answers != record.user_answers:
+        record.user_answers = answers
+        record.user_answer_ns = now_ns
+    return record.user_answer_ns
+
+
+def probe_reason(
+    verdict: HostHealth | None,
+    stats: HostStats,
+    window: WindowStats | None,
+    stalled_s: float,
+    now_ns: int,
+    interval_s: float,
+    busy: bool = True,
+    suspect_s: float = 0.5,
+) -> str | None:
+    """Why a host should be probed now (None: it should not); see the module docstring.
+    ``busy``: some host answered this client's requests within ``probe_interval`` (a
+    client that sends nothing, or is blocked on a hung request, needs no fresh evidence).
+    ``suspect_s``: how long requests in flight without an answer make a host suspected
+    (``probe_timeout``: a probe would have failed by then). Call :func:`observe` first;
+    updates the record's ``failures_cleared``."""
+    record = stats.probes
+    failures = stats.errors_total + stats.timeouts_total
+    answers = stats.requests_total - failures
+    user_answer_ns = record.user_answer_ns if record.user_answer_ns is not None else now_ns
+    fresh = now_ns - user_answer_ns < interval_s * _NS
+    state = verdict.state if verdict is not None else HealthState.HEALTHY
+    if verdict is not None and answers > verdict.evidence.clean_from:
+        record.failures_cleared = failures  # a user request answered since the last failure
+    if state is HealthState.ERRORING:
+        return "stalled" if verdict is not None and verdict.cause == "stall" else "erroring"
+    if state is HealthState.SLOW and not fresh:
+        return "slow"
+    if state is HealthState.WARMING and verdict is not None and verdict.warm_up_s is not None:
+        return None if fresh else "returning after a stall"
+    if stalled_s > 0 and stalled_s >= suspect_s:
+        return "requests in flight without an answer"
+    if failures > record.failures_cleared:
+        return "a request failed, none answered since"
+    if busy and window is not None and window.requests > 0:
+        last = user_answer_ns
+        if record.last_answer_ns is not None:
+            last = max(last, record.last_answer_ns)
+        if now_ns - last >= IDLE_INTERVALS * interval_s * _NS:
+            return "no fresh answer"
+    return None
+
+
+class ProbeScheduler:
+    """Decides at each health refresh which hosts get a probe (see the module docstring).
+
+    ``rng`` jitters the interval (tests inject a seeded one)."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng if rng is not None else random.Random()
+
+    def due(
+        self,
+        hosts: Iterable[tuple[Hashable, HostStats, bool]],
+        verdict: Mapping[Hashable, HostHealth],
+        windows: Mapping[Hashable, WindowStats],
+        stalled: Mapping[Hashable, float],
+        now_ns: int,
+        config: HealthConfig,
+    ) -> list[ProbeOrder]:
+        """The probes to send now, from ``hosts`` as ``(key, stats, live)`` and the health
+        model's last verdicts, windows and stall clocks. No probe when
+        ``config.probe_interval`` is 0."""
+        interval_s = config.probe_interval
+        if interval_s <= 0:
+            return []
+        listed = list(hosts)
+        latest = max((observe(stats, now_ns) for _, stats, _ in listed), default=0)
+        busy = bool(listed) and now_ns - latest < interval_s * _NS
+        orders = []
+        for key, stats, live in listed:
+            reason = probe_reason(
+                verdict.get(key),
+                stats,
+                windows.get(key),
+                stalled.get(key, 0.0),
+                now_ns,
+                interval_s,
+                busy,
+                config.probe_timeout,
+            )
+            record = stats.probes
+            if reason is None or not live or record.outstanding or now_ns < record.next_ns:
+                continue
+            jitter = 1.0 + JITTER * (2.0 * self._rng.random() - 1.0)
+            orders.append(ProbeOrder(key, stats, reason, now_ns + round(interval_s * jitter * _NS)))
+        return orders
+
+
+def judge(
+    previous: HostHealth,
+    new: HostHealth,
+    record: ProbeRecord,
+    config: HealthConfig,
+    now_ns: int,
+    window_s: float,
+    answers: int,
+    in_flight: int,
+) -> HostHealth:
+    """``new`` (the verdict :func:`~adaptive_lb.health.rules.assess` gave) corrected by the
+    host's probes, while probes are being sent: see the module docstring. ``answers`` is
+    the host's user answer total, ``in_flight`` its user attempts in flight."""
+    failed_ns = record.last_failure_ns
+    answered_ns = record.last_answer_ns
+    failing = failed_ns is not None and (answered_ns is None or failed_ns > answered_ns)
+    if new.state is not HealthState.ERRORING:
+        if (
+            failing
+            and previous.state is not HealthState.ERRORING
+            and failed_ns is not None
+            and failed_ns > previous.since_ns
+        ):
+            stall = record.last_outcome == TIMEOUT
+            sent_ns = record.last_sent_ns
+            answered_users_ns = record.user_answer_ns
+            if stall and answered_users_ns is not None and sent_ns is not None:
+                stall = answered_users_ns <= sent_ns  # users answered meanwhile: busy
+                if not stall:
+                    return new
+            if new.state in (HealthState.HEALTHY, HealthState.WARMING):
+                evidence = new.evidence.turned_bad(now_ns, answers, window_s)
+            else:
+                evidence = new.evidence.restarted(answers)
+            what = "did not answer within" if stall else "failed within"
+            return evolve(
+                new,
+                state=HealthState.ERRORING,
+                since_ns=now_ns,
+                penalty=config.penalties.stalled if stall else config.penalties.erroring,
+                reason=f"probe {what} {config.probe_timeout:g}s",
+                cause="stall" if stall else "errors",
+                evidence=evidence,
+                probe=None,
+                warm_up_s=None,
+            )
+        return new
+    if new.cause != "stall":
+        # Errors: the probe's answer says the host is reachable, not that the user's
+        # requests stopped failing (an overloaded table, a broken replica). So it only
+        # opens the way back there is without probes: its next requests (CLEAN_STREAK)
+        # placed as healthy, ended by the first failure. Never before a probe answered
+        # since the verdict and since the last failed try.
+        if new.probe is None or new.probe is previous.probe:
+            return new
+        tried_ns = new.evidence.probe_failed_ns or 0
+        if answered_ns is not None and not failing and answered_ns > max(new.since_ns, tried_ns):
+            return new
+        return evolve(new, probe=None, reason=previous.reason or new.reason)
+    if (
+        answered_ns is not None
+        and not failing
+        and answered_ns > new.since_ns
+        and (now_ns - new.since_ns) / _NS
+        >= hold_s(config.min_state_duration, new.evidence.relapses, window_s)
+        and in_flight == 0
+    ):
+        # The probe waited behind whatever the stall had queued on its connection, so the
+        # host is serving again and nothing in it is cold: HEALTHY at once (a warm-up of
+        # min_state_duration would keep a thin client off it that long; a relapse is still
+        # held longer).
+        latency = record.last_latency_s or 0.0
+        return evolve(
+            new,
+            state=HealthState.HEALTHY,
+            since_ns=now_ns,
+            penalty=config.penalties.healthy,
+            reason=f"probe answered in {latency * 1000:.1f} ms after a stall",
+            cause="",
+            evidence=new.evidence.came_back(now_ns, answers),
+            probe=None,
+            warm_up_s=None,
+        )
+    if new.probe is not None:
+        # No user request is the probe: the host keeps its penalty until a probe answers.
+        return evolve(new, probe=None, reason=previous.reason or new.reason)
+    return new

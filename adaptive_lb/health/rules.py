@@ -1,0 +1,454 @@
+"""Health rules: the next verdict on a host, as a pure function (:func:`assess`).
+
+At each refresh :class:`adaptive_lb.health.model.HealthModel` gives :func:`assess` the host's
+previous verdict, its statistics window and a :class:`Baseline` (what its peers show and
+how late the client itself runs); :func:`assess` reads the window's *signals* once
+(stalled, erroring, slow, suspected) and moves the host between the
+states of :class:`~adaptive_lb.stats.health_state.HealthState`:
+
+* HEALTHY (penalty 1) and WARMING (a host coming back: its penalty decays to 1 over
+  ``slow_start``, :func:`~adaptive_lb.health.verdict.warming_penalty`).
+* SLOW (``penalties.slow``): slower than its peers beyond what the sample sizes and the
+  client's own lateness explain, at alpha squared (:mod:`adaptive_lb.health.slowness`: twice as
+  sure in one window, or a suspicion confirmed by the answers that came after it).
+* ERRORING (``penalties.erroring``, ``penalties.stalled`` for a stall): an error + timeout
+  rate above ``error_rate`` (over ``min_samples`` requests, or surely by
+  :func:`~adaptive_lb.health.evidence.erroring_by_evidence`), or requests in flight and no answer
+  for ``stall_timeout``. Wins over SLOW.
+
+Quick to protect: getting worse takes effect at the first refresh that shows it. Quick to
+forgive once the host shows it is back, never on no evidence: a bad state is left after its
+hold (:func:`~adaptive_lb.health.way_back.hold_s`), on fresh answers, a probe
+(:mod:`adaptive_lb.health.way_back`) or a window back to normal, and always through WARMING.
+docs/design.md ("Health") tells the rules with their figures.
+
+May import: the config model, the verdict (:mod:`adaptive_lb.health.verdict`), the ways
+back (:mod:`adaptive_lb.health.way_back`), the evidence rules (:mod:`adaptive_lb.health.evidence`,
+:mod:`adaptive_lb.health.slowness`), the health states and the statistics window's type; pure
+logic only.
+"""
+
+from __future__ import annotations
+
+from attrs import define
+
+from adaptive_lb.config import HealthConfig
+from adaptive_lb.health.evidence import erroring_by_evidence
+from adaptive_lb.health.slowness import Baseline, Slowness, judge_slowness
+from adaptive_lb.health.verdict import HostHealth, warming_penalty
+from adaptive_lb.health.way_back import (
+    CLEAN_STREAK,
+    RELAPSE_WINDOWS,
+    Evidence,
+    Probe,
+    hold_s,
+    probe_requests,
+    probe_wait_s,
+    warm_up_s,
+)
+from adaptive_lb.stats.health_state import HealthState
+from adaptive_lb.stats.host import WindowStats
+
+__all__ = ["Baseline", "assess"]
+
+_NS = 1_000_000_000
+_FINE = (HealthState.HEALTHY, HealthState.WARMING)
+
+
+def _s(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds:.4f}s"
+
+
+@define(frozen=True, slots=True)
+class _Signals:
+    """What one refresh reads from a host's window, before any state is considered."""
+
+    latency: float | None
+    """Its latency at ``health.percentile``."""
+    enough_requests: bool
+    """``min_samples`` requests with an outcome: the error rate counts as it is."""
+    enough_samples: bool
+    """``min_samples`` latency samples: the tail and body rules may judge."""
+    stalled: bool
+    errors_why: str | None
+    """Why it is erroring (None: it is not)."""
+    slowness: Slowness
+
+    @property
+    def slow_why(self) -> str | None:
+        """Why it is SLOW (None: it is not)."""
+        return self.slowness.why
+
+
+def _read_signals(
+    previous: HostHealth,
+    window: WindowStats,
+    baseline: Baseline,
+    config: HealthConfig,
+    now_ns: int,
+    window_s: float,
+    stalled_s: float,
+    recent: WindowStats | None,
+) -> _Signals:
+    """The :class:`_Signals` of ``window`` (``recent``: the answers of its intervals entered
+    since the host was suspected)."""
+    latency = window.latency.get(float(config.percentile))
+    enough_requests = window.requests >= config.min_samples
+    errors_why = None if enough_requests else erroring_by_evidence(window, config)
+    if errors_why is None and enough_requests and window.error_rate > config.error_rate:
+        errors_why = (
+            f"error+timeout rate {window.error_rate:.1%} > {config.error_rate:.1%} "
+            f"over {window.requests} requests"
+        )
+    returned_ns = previous.evidence.returned_ns
+    relapsing = (
+        previous.state is HealthState.WARMING
+        and returned_ns is not None
+        and now_ns - returned_ns < RELAPSE_WINDOWS * window_s * _NS
+    )
+    suspected = (previous.suspect_since_ns, previous.suspect_interval)
+    slowness = judge_slowness(window, baseline, config, now_ns, suspected, recent, relapsing)
+    return _Signals(
+        latency,
+        enough_requests,
+        window.samples >= config.min_samples and latency is not None,
+        0 < config.stall_timeout <= stalled_s,
+        errors_why,
+        slowness,
+    )
+
+
+@define
+class _Step:
+    """One host's refresh: the inputs, the signals, and the verdicts it may give."""
+
+    previous: HostHealth
+    window: WindowStats
+    baseline: Baseline
+    config: HealthConfig
+    now_ns: int
+    window_s: float
+    stalled_s: float
+    answers: int
+    failures: int
+    signals: _Signals
+    evidence: Evidence
+    streak: int
+    """Answers in a row, none failed (:meth:`~adaptive_lb.health.way_back.Evidence.observe`)."""
+
+    @property
+    def state(self) -> HealthState:
+        return self.previous.state
+
+    @property
+    def in_state_s(self) -> float:
+        return (self.now_ns - self.previous.since_ns) / _NS
+
+    @property
+    def cause(self) -> str:
+        return self.previous.cause or ("errors" if self.state is HealthState.ERRORING else "slow")
+
+    @property
+    def erroring_penalty(self) -> float:
+        # A request to a stalled host hangs until the client's timeout; to an erroring one
+        # it fails fast and is retried elsewhere.
+        penalties = self.config.penalties
+        return penalties.stalled if self.cause == "stall" else penalties.erroring
+
+    def verdict(
+        self,
+        state: HealthState,
+        penalty: float,
+        reason: str,
+        since_ns: int,
+        cause: str = "",
+        evidence: Evidence | None = None,
+        probe: Probe | None = None,
+        warm_up: float | None = None,
+    ) -> HostHealth:
+        window, signals = self.window, self.signals
+        return HostHealth(
+            state,
+            since_ns,
+            penalty,
+            reason,
+            latency=signals.latency,
+            peer_median=self.baseline.tail,
+            error_rate=window.error_rate,
+            samples=window.samples,
+            requests=window.requests,
+            cause=cause,
+            evidence=self.evidence if evidence is None else evidence,
+            probe=probe,
+            warm_up_s=warm_up,
+            suspect_since_ns=signals.slowness.suspect_since_ns,
+            suspect_interval=signals.slowness.suspect_interval,
+            suspect_ratio=signals.slowness.suspect_ratio,
+        )
+
+    def hold(self, penalty: float, probe: Probe | None = None) -> HostHealth:
+        """The same state, since the same moment, with ``penalty``."""
+        previous = self.previous
+        return self.verdict(
+            previous.state,
+            penalty,
+            previous.reason,
+            previous.since_ns,
+            previous.cause,
+            probe=probe,
+            warm_up=previous.warm_up_s,
+        )
+
+    def warming(self, reason: str, after_stall: bool = False) -> HostHealth:
+        """Back: WARMING from now (HEALTHY at once without a warm-up)."""
+        config = self.config
+        warm_up = warm_up_s(config.slow_start, config.min_state_duration) if after_stall else None
+        start = HostHealth.warming(self.now_ns, config, reason, warm_up)
+        came_back = self.evidence.came_back(self.now_ns, self.answers)
+        return self.verdict(
+            start.state, start.penalty, reason, self.now_ns, "", came_back, warm_up=start.warm_up_s
+        )
+
+    def worse(self, state: HealthState, penalty: float, reason: str, cause: str) -> HostHealth:
+        """Penalised from now."""
+        if self.state in _FINE:
+            evidence = self.evidence.turned_bad(self.now_ns, self.answers, self.window_s)
+        else:
+            evidence = self.evidence.restarted(self.answers)
+        return self.verdict(state, penalty, reason, self.now_ns, cause, evidence)
+
+    def slow(self) -> HostHealth:
+        """SLOW from now, for the signals' reason."""
+        return self.worse(
+            HealthState.SLOW, self.config.penalties.slow, self.signals.slow_why or "", "slow"
+        )
+
+    def recovered_errors(self) -> bool:
+        """Its window shows an error rate back below ``recovery_factor`` x ``error_rate``."""
+        config, window = self.config, self.window
+        return (
+            self.signals.enough_requests
+            and window.error_rate < config.recovery_factor * config.error_rate
+        )
+
+
+def assess(
+    previous: HostHealth,
+    window: WindowStats,
+    baseline: Baseline,
+    config: HealthConfig,
+    now_ns: int,
+    *,
+    window_s: float = 10.0,
+    stalled_s: float = 0.0,
+    answers: int = 0,
+    failures: int = 0,
+    probe_slow: str | None = None,
+    recent: WindowStats | None = None,
+) -> HostHealth:
+    """The next verdict for a host; a pure function (see the module docstring).
+
+    ``window`` must hold the latency at ``config.percentile`` and at the percentiles of
+    :func:`~adaptive_lb.health.evidence.bound_percentiles` of its sample count. ``window_s`` is
+    the statistics window's length: after that long in SLOW / ERRORING without
+    ``min_samples`` of fresh evidence a host starts WARMING. ``stalled_s`` is how long the
+    host has had requests in flight without answering any. ``answers`` and ``failures``
+    are the host's monotonic totals of successes and of errors + timeouts: what it did
+    since the previous verdict is the fresh evidence of a way back
+    (:mod:`adaptive_lb.health.way_back`). ``probe_slow``: why the host's probes say it is
+    still clearly slow (:mod:`adaptive_lb.health.probe_latency`); then a SLOW host is not let back
+    on its window's lapse. ``recent``: the answers of the window's intervals entered since
+    the host was suspected."""
+    signals = _read_signals(previous, window, baseline, config, now_ns, window_s, stalled_s, recent)
+    evidence, streak = previous.evidence.observe(answers, failures)
+    step = _Step(
+        previous,
+        window,
+        baseline,
+        config,
+        now_ns,
+        window_s,
+        stalled_s,
+        answers,
+        failures,
+        signals,
+        evidence,
+        streak,
+    )
+    verdict = _worse(step)
+    if verdict is None and step.state is HealthState.ERRORING:
+        verdict = _erroring(step)
+    if verdict is None and step.state is HealthState.SLOW:
+        verdict = _slow(step, probe_slow)
+    if verdict is None and step.state is HealthState.WARMING:
+        verdict = _warming(step)
+    if verdict is None:
+        latency, pct = signals.latency, f"p{config.percentile:g}"
+        verdict = step.verdict(
+            HealthState.HEALTHY,
+            config.penalties.healthy,
+            f"{pct} {_s(latency)} (peer median {_s(baseline.tail)}), {window.samples} samples; "
+            f"error+timeout rate {window.error_rate:.1%} over {window.requests} requests",
+            previous.since_ns,
+        )
+    return verdict
+
+
+def _worse(step: _Step) -> HostHealth | None:
+    """Getting worse: at once."""
+    signals, penalties, state = step.signals, step.config.penalties, step.state
+    if signals.stalled and state is not HealthState.ERRORING:
+        return step.worse(
+            HealthState.ERRORING,
+            penalties.stalled,
+            f"stalled: no answer for {step.stalled_s:.1f}s with "
+            f"{step.window.in_flight} requests in flight",
+            "stall",
+        )
+    if signals.errors_why is not None and state is not HealthState.ERRORING:
+        return step.worse(HealthState.ERRORING, penalties.erroring, signals.errors_why, "errors")
+    if signals.slow_why is not None and state in _FINE:
+        return step.slow()
+    return None
+
+
+def _erroring(step: _Step) -> HostHealth:
+    """An ERRORING host: its probe, its fresh answers, then its window
+    (:mod:`adaptive_lb.health.way_back`)."""
+    verdict = _probe_outcome(step) or _fresh_answers(step)
+    if verdict is not None:
+        return verdict
+    if step.recovered_errors():
+        if step.signals.slow_why is not None:
+            return step.slow()
+        config, window = step.config, step.window
+        return step.warming(
+            f"recovered: error+timeout rate {window.error_rate:.1%} < "
+            f"{config.recovery_factor:g} x {config.error_rate:.1%} "
+            f"over {window.requests} requests"
+        )
+    return step.hold(step.erroring_penalty, step.previous.probe)
+
+
+def _probe_outcome(step: _Step) -> HostHealth | None:
+    """The probe in progress failed, or answered for long enough; None: neither yet."""
+    probe, cause, state = step.previous.probe, step.cause, step.state
+    if probe is None:
+        return None
+    # By its window (errors only: a stalled host's window holds the stall's timeouts).
+    recovered = cause != "stall" and step.recovered_errors()
+    if (step.signals.stalled or step.failures > probe.failures_at_start) and not recovered:
+        config = step.config
+        failed = step.evidence.probe_failed(step.answers, step.now_ns)
+        wait = probe_wait_s(
+            config.min_state_duration, failed.relapses, failed.failed_probes, step.window_s
+        )
+        what = "no answer" if step.signals.stalled else "a failure"
+        return step.verdict(
+            state,
+            step.erroring_penalty,
+            f"probe {failed.failed_probes} failed ({what}); the next in {wait:g}s",
+            step.previous.since_ns,
+            cause,
+            failed,
+        )
+    if step.streak >= probe_requests(cause):
+        if cause == "stall":
+            return step.warming(f"probe answered after a stall: {step.streak} answers", True)
+        if step.signals.slow_why is not None:
+            return step.slow()
+        return step.warming(f"probe answered: {step.streak} answers in a row, none failed")
+    return None
+
+
+def _fresh_answers(step: _Step) -> HostHealth | None:
+    """Once its wait is over: back on fresh answers, or a probe starts; None: neither."""
+    config, evidence, cause = step.config, step.evidence, step.cause
+    probe = step.previous.probe
+    waited_s = step.in_state_s
+    if evidence.probe_failed_ns is not None:
+        waited_s = min(waited_s, (step.now_ns - evidence.probe_failed_ns) / _NS)
+    wait_s = probe_wait_s(
+        config.min_state_duration, evidence.relapses, evidence.failed_probes, step.window_s
+    )
+    if step.signals.stalled or waited_s < wait_s:
+        return step.hold(step.erroring_penalty, probe)
+    if cause == "stall":
+        # Its window holds the stall's timeouts: judge it by what it does now -- once
+        # nothing caught in the stall is in flight on it any more (their late answers
+        # must not be the first samples of its new window).
+        if step.window.in_flight > 0:
+            return step.hold(step.erroring_penalty, probe)
+        if step.streak > 0:
+            return step.warming(
+                f"answering again after a stall: {step.streak} answers, none failed", True
+            )
+    elif step.streak >= CLEAN_STREAK:
+        if step.signals.slow_why is not None:
+            return step.slow()
+        return step.warming(f"errors stopped: {step.streak} answers in a row, none failed")
+    if probe is None and (cause == "stall" or not step.recovered_errors()):
+        window = step.window
+        requests = probe_requests(cause)
+        why = (
+            "stalled, nothing in flight on it any more"
+            if cause == "stall"
+            else f"error+timeout rate {window.error_rate:.1%} over {window.requests} requests"
+        )
+        return step.verdict(
+            step.state,
+            step.erroring_penalty,
+            f"probing with {requests} request{'s' if requests > 1 else ''}: {why}",
+            step.previous.since_ns,
+            cause,
+            probe=Probe(requests, step.failures),
+        )
+    return None
+
+
+def _slow(step: _Step, probe_slow: str | None) -> HostHealth:
+    """A SLOW host: held, then back when its window is clearly back to normal, or after a
+    window without the answers to tell (unless its probes say it is still slow)."""
+    config, signals, previous = step.config, step.signals, step.previous
+    penalty = config.penalties.slow
+    in_state_s = step.in_state_s
+    if in_state_s < hold_s(config.min_state_duration, step.evidence.relapses, step.window_s):
+        return step.hold(penalty)
+    latency, threshold = signals.latency, signals.slowness.threshold
+    pct = f"p{config.percentile:g}"
+    if signals.enough_samples and latency is not None:
+        if threshold is None:
+            return step.warming(f"no peer latency to compare {pct} {_s(latency)} with")
+        if latency < config.recovery_factor * threshold and signals.slow_why is None:
+            return step.warming(
+                f"recovered: {pct} {_s(latency)} < {config.recovery_factor:g} x "
+                f"{_s(threshold)} (peer median {_s(step.baseline.tail)}), "
+                f"{step.window.samples} samples"
+            )
+    elif in_state_s >= step.window_s and probe_slow is not None:
+        return step.verdict(previous.state, penalty, probe_slow, previous.since_ns, previous.cause)
+    elif in_state_s >= step.window_s:
+        return step.warming(
+            f"probing: only {step.window.samples} samples in the {step.window_s:g}s "
+            f"since it turned slow (min {config.min_samples})"
+        )
+    return step.hold(penalty)
+
+
+def _warming(step: _Step) -> HostHealth:
+    """A WARMING host: HEALTHY after its warm-up (and ``min_state_duration``); meanwhile its
+    penalty decays."""
+    config, previous = step.config, step.previous
+    penalties = config.penalties
+    in_state_s = step.in_state_s
+    warm_up = config.slow_start if previous.warm_up_s is None else previous.warm_up_s
+    if in_state_s >= warm_up and in_state_s >= config.min_state_duration:
+        window = step.window
+        return step.verdict(
+            HealthState.HEALTHY,
+            penalties.healthy,
+            f"warm-up complete after {in_state_s:.1f}s: p{config.percentile:g} "
+            f"{_s(step.signals.latency)}, error+timeout rate {window.error_rate:.1%}",
+            step.now_ns,
+        )
+    return step.hold(warming_penalty(penalties.warming, in_state_s, warm_up, end=penalties.healthy))

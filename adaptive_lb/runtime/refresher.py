@@ -1,0 +1,261 @@
+"""Health refresh: the health model and rack proximity applied to a policy's hosts, now and
+then, off the request path -- by a background thread in production, by the simulator's
+virtual clock in simulation.
+
+Each refresh computes every known host's window once (percentiles are computed here, never
+per request), lets :class:`~adaptive_lb.health.model.HealthModel` judge each host against its
+true peers (its rack, else its datacenter corrected by distance), and re-weighs the remote
+racks of the local datacenter by their measured distance (:mod:`adaptive_lb.plan.proximity`),
+publishing each host's penalties on its :class:`~adaptive_lb.stats.host.HostStats` for the hot
+path to read.
+
+May import: the health row (health, probes, proximity) and the rows below it (topology,
+scoring, statistics, server load).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+import weakref
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+from adaptive_lb.health.model import HealthModel, HealthState, HealthTransition
+from adaptive_lb.health.probes import ProbeOrder, ProbeScheduler
+from adaptive_lb.plan.proximity import rack_proximity
+from adaptive_lb.plan.scoring import HostView
+from adaptive_lb.plan.topology import TopologyBook
+from adaptive_lb.stats.host import HostStats
+from adaptive_lb.stats.server_load import LoadOrder, due, publish
+
+__all__ = ["HealthRefresh", "HealthRefresher"]
+
+
+class HealthRefresh:
+    """Refreshes the health of the hosts in ``book`` with ``health``.
+
+    ``proximity_cap()`` reads ``policy.rack_proximity_cap`` from the config in force.
+    """
+
+    def __init__(
+        self, health: HealthModel, book: TopologyBook, proximity_cap: Callable[[], float]
+    ) -> None:
+        self.health = health
+        self._book = book
+        self._proximity_cap = proximity_cap
+        self.rack_proximity: dict[Any, float] = {}
+        """Proximity factor of each remote rack, from the last refresh."""
+        self._thread: HealthRefresher | None = None
+        self._thread_lock = threading.Lock()
+        self.scheduler = ProbeScheduler()
+        """Which hosts get an active probe after each refresh (:mod:`adaptive_lb.health.probes`)."""
+        self.probe_sender: Callable[[ProbeOrder], None] | None = None
+        """Sends one probe (:mod:`adaptive_lb.runtime.prober`, while request tracking is
+        attached; the simulator's :mod:`adaptive_lb.tools.sim.driver_side`); None: no probes
+        (a policy without tracking)."""
+        self.load_reader: Callable[[LoadOrder], None] | None = None
+        """Sends one server-load read (:mod:`adaptive_lb.stats.server_load`), beside the probe
+        sender; None: none (every host's ``server_load`` factor stays 1)."""
+        self._load_rng = random.Random()
+        self._thresholds: random.Random | None = None
+        """Set by :meth:`seed`: each host's server-load threshold
+        (:attr:`~adaptive_lb.stats.server_load.ServerLoadRecord.draw`) is drawn from it before
+        the host's first read; None: the record's own draw (unseeded) stands."""
+
+    def seed(self, rng: random.Random) -> None:
+        """Draw the probes' jitter and the server-load thresholds from ``rng``."""
+        self.scheduler = ProbeScheduler(rng)
+        # Streams of their own, derived without drawing from ``rng``: the probes' jitter
+        # stays what it was without server-load reads.
+        state = repr(rng.getstate())
+        self._load_rng = random.Random(state)
+        self._thresholds = random.Random(f"{state}:thresholds")
+
+    def refresh(self) -> list[HealthTransition]:
+        """Refresh now (waits for a refresh in progress); the health transitions."""
+        stats, groups = self.inputs()
+        transitions = self.health.refresh(stats, groups, self._book.knows, self.racks())
+        self._refresh_locality()
+        self._probe()
+        self._server_load()
+        return transitions
+
+    def maybe_refresh(self) -> list[HealthTransition] | None:
+        """:meth:`refresh` if ``health.refresh_interval`` has passed since the last one and
+        no other thread is refreshing; None otherwise."""
+        stats, groups = self.inputs()
+        transitions = self.health.maybe_refresh(stats, groups, self._book.knows, self.racks())
+        if transitions is not None:
+            self._refresh_locality()
+            self._probe()
+            self._server_load()
+        return transitions
+
+    def _probe(self) -> None:
+        """After a health refresh: send the probes that are due, if a sender is set."""
+        send = self.probe_sender
+        if send is None:
+            return
+        health = self.health
+        views = self._book.topology.by_id.values()
+        orders = self.scheduler.due(
+            ((view.host, view.stats, view.live) for view in views),
+            health.verdicts,
+            health.windows,
+            health.unanswered,
+            health.clock.now_ns(),
+            health.config,
+        )
+        for order in orders:
+            send(order)
+
+    def _server_load(self) -> None:
+        """After a health refresh: publish each local host's server-load factor (its
+        datacenter's hosts are its peers), then send the load reads that are due."""
+        config = self.health.config.server_load
+        local = [view for view in self._book.topology.by_id.values() if view.is_local]
+        now = self.health.clock.now_ns()
+        by_dc: dict[Any, list[tuple[Hashable, HostStats]]] = {}
+        for view in local:
+            by_dc.setdefault(view.datacenter, []).append((view.host, view.stats))
+        for hosts in by_dc.values():
+            publish(hosts, now, config)
+        read = self.load_reader
+        if read is None:
+            return
+        thresholds = self._thresholds
+        for order in due(((v.host, v.stats, v.live) for v in local), now, config, self._load_rng):
+            if thresholds is not None and order.stats.load.sent == 0:
+                order.stats.load.draw = thresholds.random()  # seeded, before its first read
+            read(order)
+
+    def inputs(self) -> tuple[dict[Hashable, HostStats], dict[Hashable, Any]]:
+        """Every known host's statistics, and its peer group: its datacenter."""
+        views = self._book.topology.by_id.values()
+        return (
+            {view.host: view.stats for view in views},
+            {view.host: view.datacenter for view in views},
+        )
+
+    def racks(self) -> dict[Hashable, Any]:
+        """Every known host's rack: health peers are true peers (its rack first, see
+        :mod:`adaptive_lb.health.peers`)."""
+        return {view.host: view.rack for view in self._book.topology.by_id.values()}
+
+    def rack_factor(self, rack_penalty: float, rack: Any) -> float:
+        """The live rack factor of a host: its static rack penalty, times its rack's
+        proximity when that is a remote rack."""
+        if rack_penalty <= 1.0:
+            return rack_penalty
+        return rack_penalty * self.rack_proximity.get(rack, 1.0)
+
+    def _refresh_locality(self) -> None:
+        """After a health refresh: learn the local rack (``local_rack: auto``), then
+        re-weigh the remote racks."""
+        if self._book.local_rack.learning:
+            self._learn_local_rack()
+        self._refresh_rack_proximity()
+
+    def _learn_local_rack(self) -> None:
+        """Feed the rack learner the median p50 of each local rack's live HEALTHY hosts
+        that have ``min_samples`` (from the windows the health refresh just computed); when
+        the learned rack changes, rebuild the snapshot (every host's rack penalty)."""
+        local = [v for v in self._book.topology.by_id.values() if v.is_local]
+        latencies = self._p50_by_rack(
+            v for v in local if v.live and v.stats.health_state is HealthState.HEALTHY
+        )
+        medians = {rack: statistics.median(values) for rack, values in latencies.items()}
+        racks = {view.rack for view in local}
+        live = {view.rack for view in local if view.live}
+        now = self.health.clock.now_ns()
+        with self._book.lock:  # against a reload reconfiguring it
+            if self._book.local_rack.observe(medians, racks, now, live):
+                self.rack_proximity = {}  # measured against the old local rack
+                self._book.rebuild()
+
+    def _refresh_rack_proximity(self) -> None:
+        """Re-weigh the remote racks of the local datacenter from the windows the health
+        refresh just computed, and publish each remote host's ``rack_penalty``."""
+        remote = [
+            v for v in self._book.topology.by_id.values() if v.is_local and v.rack_penalty > 1.0
+        ]
+        latencies = self._p50_by_rack(remote)
+        self.rack_proximity = rack_proximity(latencies, self.rack_proximity, self._proximity_cap())
+        for view in remote:
+            view.stats.rack_penalty = self.rack_factor(view.rack_penalty, view.rack)
+
+    def _p50_by_rack(self, views: Iterable[HostView[HostStats]]) -> dict[Any, list[float]]:
+        """Per rack, the p50 of ``views``' last windows that have ``min_samples``."""
+        min_samples = self.health.config.min_samples
+        latencies: dict[Any, list[float]] = {}
+        for view in views:
+            window = self.health.window_stats(view.host)
+            if window is None or window.samples < min_samples:
+                continue
+            latency = window.latency.get(50.0)
+            if latency is not None:
+                latencies.setdefault(view.rack, []).append(latency)
+        return latencies
+
+    def start(self, policy: Any) -> None:
+        """Refresh ``policy``'s health every ``health.refresh_interval`` on a daemon
+        thread (real clock). Idempotent."""
+        with self._thread_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = HealthRefresher(policy)
+                self._thread.start()
+
+    def forget_thread(self) -> None:
+        """In a forked child: the thread stayed in the parent (and its lock may be held
+        there); :meth:`start` may start a new one."""
+        self._thread_lock = threading.Lock()
+        self._thread = None
+
+    def stop(self) -> None:
+        """Stop the thread (if running) and wait for it."""
+        with self._thread_lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.stop()
+
+
+class HealthRefresher(threading.Thread):
+    """Daemon thread calling ``policy.maybe_refresh_health()`` every
+    ``policy.config.health.refresh_interval`` (read each time: a reload applies) until
+    :meth:`stop`, or until the policy is garbage-collected. A refresh that raises is
+    reported through ``policy.record_error`` (counted, logged at most once a minute)."""
+
+    def __init__(self, policy: Any) -> None:
+        super().__init__(name="adaptive-lb-health", daemon=True)
+        # A weak reference: an unused policy must not be kept alive by its own thread.
+        self._policy = weakref.ref(policy)
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        late_s = 0.0
+        while True:
+            policy = self._policy()
+            if policy is None:
+                return
+            interval = policy.config.health.refresh_interval
+            try:
+                # How late this thread woke is how late the client handles anything now
+                # (adaptive_lb.stats.lateness): its answers too.
+                policy.health.lateness.observe(policy.now_ns(), late_s)
+                policy.maybe_refresh_health()
+            except Exception:
+                policy.record_error("health_refresh", "the last health verdicts stay")
+            del policy
+            started = time.monotonic()
+            if self._stop_event.wait(interval):
+                return
+            late_s = time.monotonic() - started - interval
+
+    def stop(self) -> None:
+        """Ask the thread to end and wait for it."""
+        self._stop_event.set()
+        if self is not threading.current_thread():
+            self.join(timeout=5)

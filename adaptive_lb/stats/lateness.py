@@ -1,0 +1,95 @@
+"""The client's own lateness: how late this process runs its own timers (pure logic).
+
+An answer's latency as the client measures it includes the client's delay in handling it:
+a garbage collection, the GIL held by a busy thread, a CPU shared with other processes.
+That delay is the client's, not the host's, and it lands on whichever hosts had requests in
+flight at the moment. It is also what delays a periodic timer of the client's own: the
+health refresh sleeps ``health.refresh_interval`` and measures how much longer the sleep
+took (:class:`adaptive_lb.runtime.refresher.HealthRefresher`; the simulator feeds its own pauses).
+:class:`ClientLateness` keeps what it saw over the statistics window, so that the health
+judgement (:mod:`adaptive_lb.health.rules`, :mod:`adaptive_lb.health.evidence`) can discount what
+the client itself may have added: the largest lateness to any one answer (a tail), the
+median to most of them (a median).
+
+Imports the standard library only.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+__all__ = ["MAX_OBSERVATIONS", "ClientLateness", "discounted"]
+
+_NS = 1_000_000_000
+MAX_OBSERVATIONS = 4096
+"""Observations kept: a window's worth at the shortest refresh interval (10 ms) and more."""
+
+
+def discounted(latency_s: float, lateness_s: float, reference_s: float) -> float:
+    """A host's latency ``latency_s`` without what the client itself may have added to it
+    (``lateness_s``), compared with its peers' ``reference_s``: never below the reference
+    (the client's lateness makes a host look slower, never faster). A saturated client
+    serves its sockets in turn, and one host's answers can wait longer than the others' for
+    as long as the client is late: a latency gap within that is no evidence."""
+    if lateness_s <= 0.0:
+        return latency_s
+    return max(min(latency_s, reference_s), latency_s - lateness_s)
+
+
+class ClientLateness:
+    """How late the client's own timer fired over a sliding window of ``window_s`` seconds
+    (in ``intervals`` slices, as the statistics window): the largest lateness (:meth:`high`:
+    what the client may have added to any one answer) and the median (:meth:`typical`: what
+    it added to most). Thread-safe (one lock, taken a few times a second, never on the
+    request path); at most :data:`MAX_OBSERVATIONS` kept."""
+
+    __slots__ = ("_intervals", "_lock", "_seen", "_slice_ns")
+
+    def __init__(self, window_s: float = 10.0, intervals: int = 5) -> None:
+        self._lock = threading.Lock()
+        self._intervals = max(1, intervals)
+        self._slice_ns = max(1, round(window_s * _NS / self._intervals))
+        self._seen: collections.deque[tuple[int, float]] = collections.deque(
+            maxlen=MAX_OBSERVATIONS
+        )
+        """(slice number, lateness in s) of each observation, oldest first."""
+
+    def reconfigure(self, window_s: float, intervals: int) -> None:
+        """A new window length (a reload): what was seen is forgotten."""
+        with self._lock:
+            self._intervals = max(1, intervals)
+            self._slice_ns = max(1, round(window_s * _NS / self._intervals))
+            self._seen.clear()
+
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (the parent's refresh thread may have held this
+        one at the fork) and nothing seen (the parent's lateness is not this process's)."""
+        self._lock = threading.Lock()
+        self._seen = collections.deque(maxlen=MAX_OBSERVATIONS)
+
+    def observe(self, now_ns: int, late_s: float) -> None:
+        """The client's timer fired ``late_s`` seconds late at ``now_ns`` (early counts as
+        on time)."""
+        with self._lock:
+            self._seen.append((now_ns // self._slice_ns, max(0.0, late_s)))
+
+    def _window(self, now_ns: int) -> list[float]:
+        oldest = now_ns // self._slice_ns - self._intervals
+        seen = self._seen
+        while seen and seen[0][0] <= oldest:
+            seen.popleft()
+        return [late for _, late in seen]
+
+    def high(self, now_ns: int) -> float:
+        """The largest lateness in the window ending at ``now_ns``, seconds (0 when none
+        was seen)."""
+        with self._lock:
+            return max(self._window(now_ns), default=0.0)
+
+    def typical(self, now_ns: int) -> float:
+        """The median lateness of the window ending at ``now_ns``, seconds (0 when none
+        was seen)."""
+        with self._lock:
+            window = sorted(self._window(now_ns))
+        return window[len(window) // 2] if window else 0.0
