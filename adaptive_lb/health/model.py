@@ -2,7 +2,8 @@
 
 :class:`HealthModel` holds the verdicts (state, locks), and every ``refresh_interval``
 computes each host's window once, applies the pure rules of :mod:`adaptive_lb.health.rules`
-(:func:`assess`, against :func:`~adaptive_lb.health.peers.peer_medians`) and publishes the
+(:func:`assess`, against what :mod:`adaptive_lb.health.baselines` compares it with) and
+publishes the
 result on the host's :class:`~adaptive_lb.stats.host.HostStats` (``health_penalty``,
 ``health_state``), which the policy's hot path reads without a lock; it logs each
 transition and keeps it for the next trace that touches the host. Percentiles are computed
@@ -12,8 +13,8 @@ Every public name of the health rules (:mod:`adaptive_lb.health.rules`,
 :mod:`adaptive_lb.health.verdict`, the peers' medians of :mod:`adaptive_lb.health.peers`) is
 importable from here too.
 
-May import: its own row (rules, verdict, evidence, peers, probes, probe round trips) and
-the rows below it (statistics, health states, locality, config, clock).
+May import: its own package (rules, verdict, baselines, evidence, peers, probes, silence)
+and the packages below it (statistics, locality, config, clock).
 """
 
 from __future__ import annotations
@@ -27,21 +28,14 @@ from attrs import define
 
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.core.clock import Clock
-from adaptive_lb.health.evidence import (
-    MIN_EVIDENCE,
-    body_percentile,
-    bound_percentiles,
-    latency_spread,
-    typical_samples,
-    upper_bound_windows,
-)
+from adaptive_lb.health.baselines import Comparison, compare
+from adaptive_lb.health.evidence import body_percentile, bound_percentiles
 from adaptive_lb.health.peers import peer_median, peer_medians
-from adaptive_lb.health.probe_latency import still_slow_hosts
 from adaptive_lb.health.probes import judge
 from adaptive_lb.health.rules import Baseline, assess
 from adaptive_lb.health.silence import SilenceClocks
 from adaptive_lb.health.verdict import HostHealth, warming_penalty
-from adaptive_lb.plan.locality import RackDistances, RackKey
+from adaptive_lb.plan.locality import RackDistances
 from adaptive_lb.stats.health_state import HealthState
 from adaptive_lb.stats.host import HostStats, WindowStats
 from adaptive_lb.stats.lateness import ClientLateness
@@ -65,20 +59,6 @@ _REPORTED_PERCENTILES = (10.0, 50.0, 95.0, 99.0)
 """Percentiles computed at each refresh besides the configured one (snapshots, exporters;
 p10: the reference of a probe's round trip, :mod:`adaptive_lb.health.probe_latency`)."""
 _PENALISED = (HealthState.SLOW, HealthState.ERRORING)
-
-
-@define(frozen=True, slots=True)
-class _Refresh:
-    """What one refresh compares every host with (:meth:`HealthModel._compare`)."""
-
-    baselines: dict[Hashable, Baseline]
-    peer_samples: dict[Hashable, int]
-    """About how many answers of each peer its typical latency rests on."""
-    probe_slow: dict[Hashable, str]
-    """Why a probed host is still clearly slow by its probes."""
-    recent: dict[Hashable, WindowStats]
-    """The answers since a host's suspicion (the second, disjoint sample)."""
-    probing: bool
 
 
 @define(frozen=True, slots=True)
@@ -302,7 +282,19 @@ class HealthModel:
             for key, host in stats.items()
         }
         now = self._clock.now_ns()
-        refresh = self._compare(stats, windows, groups, racks, now)
+        refresh = compare(
+            config,
+            stats,
+            windows,
+            groups,
+            racks,
+            now,
+            verdicts=self._health,
+            lateness=self.lateness,
+            distances=(self.rack_distances, self.thin_rack_distances),
+            window_s=self._window_s,
+            probing=self.probing and config.probe_interval > 0,
+        )
         transitions = []
         stalled: dict[Hashable, float] = {}
         unanswered: dict[Hashable, float] = {}
@@ -331,71 +323,12 @@ class HealthModel:
             self._log(transition)
         return transitions
 
-    def _compare(
-        self,
-        stats: Mapping[Hashable, HostStats],
-        windows: dict[Hashable, WindowStats],
-        groups: Mapping[Hashable, Hashable],
-        racks: Mapping[Hashable, Hashable] | None,
-        now: int,
-    ) -> _Refresh:
-        """What each host is compared with at this refresh: its peers (true peers with
-        ``racks``: :mod:`adaptive_lb.health.peers`), the client's lateness, and what its
-        probes and the answers since its suspicion say."""
-        config = self._config
-        distances = thin_distances = None
-        if racks is not None:
-            self._measure_racks(windows, groups, racks, now, self.rack_distances)
-            self._measure_racks(windows, groups, racks, now, self.thin_rack_distances, True)
-            distances = self.rack_distances.distances
-            thin_distances = self.thin_rack_distances.distances
-        medians = peer_medians(windows, groups, config, racks, distances)
-        # The peers' upper confidence bounds of the same percentile: a host's tail must be
-        # above what its peers' tails could be, not only above their estimate.
-        bounds = peer_medians(
-            upper_bound_windows(windows, config), groups, config, racks, distances
-        )
-        body = body_percentile(float(config.percentile))
-        bodies = peer_medians(windows, groups, config, racks, distances, body)
-        # For the evidence rules (adaptive_lb.health.evidence): medians of hosts with a few answers.
-        typical = peer_medians(
-            windows, groups, config, racks, thin_distances, 50.0, MIN_EVIDENCE, strict=True
-        )
-        spread = latency_spread(windows.values())
-        peer_samples = typical_samples(windows, groups)
-        lateness_s = self.lateness.high(now)
-        typical_lateness_s = self.lateness.typical(now)
-        baselines = {
-            key: Baseline(
-                medians[key],
-                bounds[key],
-                bodies[key],
-                typical[key],
-                spread,
-                lateness_s,
-                typical_lateness_s,
-            )
-            for key in windows
-        }
-        probing = self.probing and config.probe_interval > 0
-        # A probed host's round trips say whether it is still clearly slow (probe_latency).
-        args = (groups, racks, thin_distances, typical, peer_samples, spread, config, now)
-        probe_slow = still_slow_hosts(stats, windows, *args, self._window_s) if probing else {}
-        recent = self._since_suspected(stats, windows)
-        return _Refresh(
-            baselines,
-            {key: peer_samples.get(groups.get(key), 0) for key in windows},
-            probe_slow,
-            recent,
-            probing,
-        )
-
     def _judge(
         self,
         key: Hashable,
         host: HostStats,
         window: WindowStats,
-        refresh: _Refresh,
+        refresh: Comparison,
         stalled_s: float,
         now: int,
     ) -> HealthTransition | None:
@@ -456,51 +389,6 @@ class HealthModel:
             # window that still holds the bad period.
             host.reconfigure(host.config)
         return HealthTransition(key, old, new)
-
-    def _since_suspected(
-        self, stats: Mapping[Hashable, HostStats], windows: Mapping[Hashable, WindowStats]
-    ) -> dict[Hashable, WindowStats]:
-        """For each host whose tail is suspected since an earlier interval of its window,
-        the answers of the intervals since (a sample disjoint from the one that raised the
-        suspicion; :mod:`adaptive_lb.health.rules`)."""
-        config = self._config
-        recent = {}
-        for key, verdict in list(self._health.items()):
-            since = verdict.suspect_interval
-            window = windows.get(key)
-            if since is None or window is None or window.interval <= since or key not in stats:
-                continue
-            more = lambda n: bound_percentiles(n, config)  # noqa: E731
-            recent[key] = stats[key].window_stats((), more, newer_than=since)
-        return recent
-
-    def _measure_racks(
-        self,
-        windows: Mapping[Hashable, WindowStats],
-        groups: Mapping[Hashable, Hashable],
-        racks: Mapping[Hashable, Hashable],
-        now_ns: int,
-        into: RackDistances,
-        thin: bool = False,
-    ) -> None:
-        """Update ``into`` from the p50 of the hosts that were HEALTHY at the last refresh
-        and have ``min_samples`` (``thin``: ``MIN_EVIDENCE``) samples (before judging them:
-        a host that slows down is judged against its rack's distance from before)."""
-        min_samples = MIN_EVIDENCE if thin else self._config.min_samples
-        measured: dict[RackKey, list[float]] = {}
-        for key, window in windows.items():
-            p50 = window.latency.get(50.0)
-            health = self._health.get(key)
-            if (
-                p50 is None
-                or window.samples < min_samples
-                or key not in racks
-                or (health is not None and health.state is not HealthState.HEALTHY)
-            ):
-                continue
-            measured.setdefault((groups.get(key), racks[key]), []).append(p50)
-        into.update(measured, now_ns, self._window_s)
-        into.forget({(groups.get(key), rack) for key, rack in racks.items()})
 
     @staticmethod
     def _log(transition: HealthTransition) -> None:
