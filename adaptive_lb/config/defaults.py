@@ -90,6 +90,8 @@ def _section(settings: Any, indent: str, lines: list[str]) -> None:
             doc += " Secret: no message shows the values, `adaptive-lb config show` masks them."
         lines += _comment(doc, indent, _constraints(attribute))
         lines.append(f"{indent}{attribute.name}: {_value(attribute, value)}")
+    for name, reason in getattr(cls, "REMOVED", {}).items():
+        lines += _comment(f"`{name}`: {reason} (a file that sets it is refused).", indent)
 
 
 def _comment(text: str, indent: str, tail: str = "") -> list[str]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
+from typing import ClassVar
 
 from attrs import define, field
 
@@ -112,13 +114,18 @@ class TrackingConfig:
     than ``latency_min``."""
     significant_digits: int = field(default=2, validator=[integer, ge(1), le(5)])
     """HdrHistogram precision (significant decimal digits)."""
-    ewma_alpha: float = field(default=0.1, validator=[number, gt(0.0), le(1.0)])
-    """Weight of the newest sample in the smoothed latency."""
     samples_per_host: float = field(default=100.0, validator=[number, ge(0.0), le(1e6)])
     """Requests per local host per second whose attempts are tracked (timed, their outcomes
     recorded) once traffic is thicker: then one request in k is tracked, k from the
     measured rate; below it, every request is. In-flight counts come from the driver and
     need no tracking. 0: every request is tracked, whatever the rate."""
+
+    REMOVED: ClassVar[Mapping[str, str]] = {
+        "ewma_alpha": "removed in 0.1.0: nothing read the smoothed latency it weighted "
+        "(health and the latency factor read the window's histograms); delete the key",
+    }
+    """Keys this section had: a file that still sets one is refused with this reason
+    (:mod:`.structure`), and ``config/default.yaml`` lists them."""
 
     def __attrs_post_init__(self) -> None:
         if self.latency_max <= self.latency_min:

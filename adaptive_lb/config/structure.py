@@ -2,7 +2,8 @@
 
 :func:`structure` builds an attrs settings class from mappings, lists and scalars and
 reports *every* problem at once in one :class:`ConfigError`, each as ``path.to.key: reason
-(line N)``: unknown keys (with the closest valid key), missing required keys, values of
+(line N)``: unknown keys (with the closest valid key; a key a class lists in its
+``REMOVED`` mapping, with the reason given there), missing required keys, values of
 the wrong type or out of bounds (:mod:`.validation`), checks across keys (a class's
 ``__attrs_post_init__``, or a ``check`` given by the caller). Secret values are never shown
 (:func:`.errors.is_secret`). :func:`config_to_mapping` is the way back, to plain data.
@@ -82,6 +83,11 @@ class Structurer:
         for key, raw in data.items():
             key_path = _join(path, _key_text(key))
             attribute = known.get(key) if isinstance(key, str) else None
+            removed = getattr(cls, "REMOVED", {}).get(key) if isinstance(key, str) else None
+            if attribute is None and removed is not None:
+                self.error(key_path, removed)
+                ok = False
+                continue
             if attribute is None:
                 # Only for a listed error; no name is close to a key over 51 characters.
                 listed = self.count < MAX_ERRORS

@@ -62,8 +62,6 @@ class WindowStats:
     """Latency samples recorded (successes, timeouts and slow errors; never fast errors)."""
     latency: dict[float, float | None] = field(factory=dict)
     """Seconds at each requested percentile; None when there is no sample."""
-    ewma: float | None = None
-    """Smoothed latency, seconds (None before the first sample)."""
     interval: int = 0
     """The number of the window's current interval (:attr:`SlidingWindow.rotations`)."""
     in_flight: int = 0
@@ -167,23 +165,21 @@ class HostStats:
         """Serialises replays (taken before ``_lock``, never after it): batches of events
         reach the window in the order they were taken."""
         self._clock_now = clock.now_ns
-        self._configure(config, None)
+        self._configure(config)
 
-    def _configure(self, config: TrackingConfig, ewma_s: float | None) -> None:
+    def _configure(self, config: TrackingConfig) -> None:
         # Caller holds both locks (or is __init__): the events recorded for the old window
         # are dropped with it.
         layout = WindowLayout.for_config(config)
-        self._window = SlidingWindow(layout, ewma_s)
+        self._window = SlidingWindow(layout)
         self._events: list[int | tuple[int, int | None]] = []
         self._deadline_ns = self._clock_now() + layout.interval_ns
 
     def reconfigure(self, config: TrackingConfig) -> None:
         """Adopt a new window / histogram layout (the window starts empty; in-flight,
-        totals and the EWMA carry over)."""
-        with self._replay_lock:
-            window = self._replay()
-            with self._lock:
-                self._configure(config, window.ewma_s)
+        totals carry over)."""
+        with self._replay_lock, self._lock:
+            self._configure(config)
 
     @property
     def in_flight(self) -> int:
@@ -208,12 +204,6 @@ class HostStats:
     def config(self) -> TrackingConfig:
         """The tracking config in force."""
         return self._window.layout.config
-
-    @property
-    def ewma_s(self) -> float | None:
-        """Smoothed latency in seconds (None before the first sample), over every sample
-        recorded so far (the events are replayed first)."""
-        return self.replay().ewma_s
 
     # ---------------------------------------------------------------- lifecycle
     #
@@ -367,7 +357,6 @@ class HostStats:
                     self._mark_rotation(now)
             window = self._replay()
             counts = window.counts(newer_than)
-            ewma = window.ewma_s
             interval = window.rotations
         in_flight = self.counted_in_flight
         if more is not None:
@@ -386,7 +375,6 @@ class HostStats:
             timeouts=counts.timeouts,
             samples=counts.samples,
             latency=latency,
-            ewma=ewma,
             interval=interval,
             in_flight=in_flight,
         )

@@ -13,7 +13,7 @@ window (the health refresh) or when the list grows long. An event is one of:
   when an event found the interval's deadline past).
 
 Replaying the stream gives exactly what recording each event as it happened gave: the same
-intervals, counts, histogram slots and EWMA. Only the replayer touches the intervals.
+intervals, counts and histogram slots. Only the replayer touches the intervals.
 
 The window is ``intervals`` rotating interval histograms (HdrHistograms over ``latency_min``
 .. ``latency_max`` in microseconds, ``significant_digits`` precision) with their outcome
@@ -52,7 +52,6 @@ class WindowLayout(HistogramLayout):
     (inherited) the histograms' range and slot arithmetic."""
 
     config: TrackingConfig
-    alpha: float
     interval_ns: int
 
     @classmethod
@@ -65,7 +64,6 @@ class WindowLayout(HistogramLayout):
             max_us,
             config.significant_digits,
             config=config,
-            alpha=config.ewma_alpha,
             interval_ns=max(1, round(config.window * 1e9 / config.intervals)),
         )
 
@@ -113,16 +111,14 @@ class SlidingWindow:
     """The intervals of one host under one layout. Not thread-safe: its owner serialises
     :meth:`replay` and :meth:`counts` (HostStats does, under its replay lock)."""
 
-    __slots__ = ("_current", "_intervals", "ewma_s", "layout", "rotations")
+    __slots__ = ("_current", "_intervals", "layout", "rotations")
 
-    def __init__(self, layout: WindowLayout, ewma_s: float | None = None) -> None:
+    def __init__(self, layout: WindowLayout) -> None:
         self.layout = layout
         self._intervals = [_Interval() for _ in range(layout.config.intervals)]
         self._current = 0
         self.rotations = 0
         """Intervals entered since the window was made: the number of the current one."""
-        self.ewma_s = ewma_s
-        """Smoothed latency in seconds over every sample replayed (None before the first)."""
 
     def replay(self, events: Iterable[int | tuple[int, int | None]]) -> None:
         """Apply ``events`` (see the module docstring), in order."""
@@ -131,13 +127,12 @@ class SlidingWindow:
         # changes or the events end); test_window and test_stats pin it to hdrh's
         # record_value.
         layout = self.layout
-        min_us, max_us, alpha = layout.min_us, layout.max_us, layout.alpha
+        min_us, max_us = layout.min_us, layout.max_us
         mask, shift = layout.sub_bucket_mask, layout.bucket_shift
         half_magnitude, half = layout.sub_bucket_half_magnitude, layout.sub_bucket_half
         unit = layout.unit_magnitude
         interval = self._intervals[self._current]
         counts = interval.counts
-        ewma = self.ewma_s
         successes = 0
         low, high = interval.min_us, interval.max_us
         for event in events:
@@ -156,10 +151,6 @@ class SlidingWindow:
                     high = value
                 if value < low:
                     low = value
-                if ewma is None:
-                    ewma = value / 1e6
-                else:
-                    ewma += alpha * (value / 1e6 - ewma)
                 continue
             # Any other event: the interval's counters are brought up to date first.
             interval.successes += successes
@@ -177,27 +168,21 @@ class SlidingWindow:
                 else:
                     interval.errors += 1
                 if latency_ns is not None:
-                    self.ewma_s = ewma
                     self._record(interval, latency_ns)
-                    ewma = self.ewma_s
                     counts = interval.counts
             low, high = interval.min_us, interval.max_us
         interval.successes += successes
         interval.samples += successes
         interval.min_us, interval.max_us = low, high
-        self.ewma_s = ewma
 
     def _record(self, interval: _Interval, latency_ns: int) -> None:
-        """Count one latency sample in ``interval`` and update the EWMA."""
+        """Count one latency sample in ``interval``."""
         layout = self.layout
         value = layout.clamp_us(latency_ns)
         counts = interval.counts
         if counts is None:
             counts = interval.allocate(layout)
         interval.add(counts, layout.slot_of(value), value)
-        seconds = value / 1e6
-        ewma = self.ewma_s
-        self.ewma_s = seconds if ewma is None else ewma + layout.alpha * (seconds - ewma)
 
     def _rotate(self, steps: int) -> None:
         """Move ``steps`` intervals on, clearing each one entered (all of them after a

@@ -95,7 +95,6 @@ CONFIG_B = """
 tracking:
   window: 5s
   intervals: 5
-  ewma_alpha: 0.2
 health:
   percentile: 90
   outlier_factor: 2.5

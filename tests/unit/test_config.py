@@ -40,6 +40,7 @@ from adaptive_lb.config import (
     render_default_yaml,
 )
 from adaptive_lb.config.defaults import COMMAND as DEFAULT_YAML_COMMAND
+from adaptive_lb.config.validation import nested_class
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +66,6 @@ BOUNDS = [
     ("tracking.latency_min", ["1us", 0.001, 1e-9], [0, -1e-6, "x"], "must be > 0, got 0"),
     ("tracking.latency_max", ["60s", "1h", 0.01], ["2h", 0], "must be <= 3600, got 7200"),
     ("tracking.significant_digits", [1, 5], [0, 6], "must be >= 1, got 0"),
-    ("tracking.ewma_alpha", [0.01, 1], [0, 1.1, -0.5], "must be > 0, got 0"),
     ("tracking.samples_per_host", [0, 100, 2.5, 1e6], [-1, 1e7], "must be >= 0, got -1"),
     ("health.percentile", [50, 100, 0.1], [0, 100.1], "must be > 0, got 0"),
     ("health.outlier_factor", [1.01, 10], [0.5, 1], "must be > 1, got 0.5"),
@@ -229,6 +229,31 @@ def test_unknown_key_suggests_the_closest():
     with pytest.raises(ConfigError) as info:
         parse_config("null: 1\n1: 2\n")
     assert [e.split(":")[0] for e in info.value.errors] == ["null", "1"]
+
+
+def test_a_removed_key_is_refused_saying_so_and_what_to_do(tmp_path):
+    path = tmp_path / "adaptive-lb.yaml"
+    path.write_text("tracking:\n  window: 5s\n  ewma_alpha: 0.2\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    (error,) = info.value.errors
+    assert error.startswith("tracking.ewma_alpha: removed in 0.1.0: nothing read")
+    assert error.endswith("; delete the key (line 3)")
+    assert "unknown key" not in error
+
+
+def test_removed_keys_are_no_fields_and_default_yaml_lists_them():
+    classes, todo = [], [Config]
+    while todo:  # every section class
+        cls = todo.pop()
+        classes.append(cls)
+        todo += [nested for f in attrs.fields(cls) if (nested := nested_class(f)) is not None]
+    removed = {(cls, name) for cls in classes for name in getattr(cls, "REMOVED", {})}
+    assert (TrackingConfig, "ewma_alpha") in removed
+    default_yaml = (ROOT / "config" / "default.yaml").read_text(encoding="utf-8")
+    for cls, name in removed:
+        assert name not in attrs.fields_dict(cls)
+        assert f"# `{name}`: {cls.REMOVED[name][:40]}" in default_yaml
 
 
 def test_several_errors_are_reported_together_with_lines():

@@ -43,7 +43,7 @@ def test_a_new_host_is_idle_and_healthy():
         HealthState.HEALTHY,
     )
     window = stats.window_stats()
-    assert (window.requests, window.samples, window.error_rate, window.ewma) == (0, 0, 0.0, None)
+    assert (window.requests, window.samples, window.error_rate) == (0, 0, 0.0)
     assert window.latency == {50.0: None, 95.0: None, 99.0: None}
 
 
@@ -105,7 +105,7 @@ def test_fast_errors_never_make_a_host_look_fast():
         stats.on_error(50_000, fast=True)  # 50 us "overloaded"
     after = stats.window_stats((0.0, 50.0, 100.0))
     assert after.latency == before.latency
-    assert after.ewma == before.ewma and after.samples == before.samples == 100
+    assert after.samples == before.samples == 100
     assert after.errors == 1000
 
 
@@ -137,17 +137,6 @@ def test_percentiles_are_roughly_right():
     assert window.latency[100.0] == pytest.approx(1.0, rel=0.01)
 
 
-def test_ewma_follows_the_samples():
-    stats, _ = make(ewma_alpha=0.5)
-    succeed(stats, 10 * MS)
-    assert stats.ewma_s == pytest.approx(0.010)
-    succeed(stats, 20 * MS)
-    assert stats.ewma_s == pytest.approx(0.015)
-    stats.on_send()
-    stats.on_error(1000, fast=True)
-    assert stats.window_stats().ewma == pytest.approx(0.015)
-
-
 def test_latency_is_clamped_to_the_histogram_range():
     stats, _ = make(latency_min=1e-5, latency_max=1.0)
     succeed(stats, 0)
@@ -159,7 +148,6 @@ def test_latency_is_clamped_to_the_histogram_range():
     assert 5e-6 <= window.latency[0.0] <= 1e-5
     assert window.latency[50.0] < 2e-5  # the slot [8 us, 16 us) holding the clamped values
     assert window.latency[100.0] == pytest.approx(1.0, rel=0.01)
-    assert stats.ewma_s is not None and stats.ewma_s <= 1.0
 
 
 @settings(max_examples=60, deadline=None)

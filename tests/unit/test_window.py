@@ -26,7 +26,6 @@ class _Reference:
         self.layout = layout
         self.slices = [self._empty() for _ in range(intervals)]
         self.current = 0
-        self.ewma: float | None = None
 
     def _empty(self) -> dict[str, object]:
         layout = self.layout
@@ -49,9 +48,6 @@ class _Reference:
         if latency_ns is not None:
             value = min(max(latency_ns // 1000, self.layout.min_us), self.layout.max_us)
             assert piece["histogram"].record_value(value)  # type: ignore[attr-defined]
-            seconds = value / 1e6
-            alpha = self.layout.alpha
-            self.ewma = seconds if self.ewma is None else self.ewma + alpha * (seconds - self.ewma)
 
 
 @settings(max_examples=80, deadline=None)
@@ -64,7 +60,7 @@ def test_replaying_in_batches_equals_recording_each_event(
     batches: list[list[int | tuple[int, int | None]]], intervals: int, digits: int
 ) -> None:
     """However the events are cut into batches, the intervals end up with the same counts,
-    histogram slots, min / max and EWMA as hdrh recording each event as it came."""
+    histogram slots and min / max as hdrh recording each event as it came."""
     config = TrackingConfig(intervals=intervals, significant_digits=digits, latency_max=60.0)
     layout = WindowLayout.for_config(config)
     window = SlidingWindow(layout)
@@ -73,7 +69,6 @@ def test_replaying_in_batches_equals_recording_each_event(
         window.replay(batch)
         for event in batch:
             reference.apply(event)
-    assert window.ewma_s == reference.ewma
     for offset in range(intervals):  # compare slice by slice, from the current one back
         mine = window._intervals[(window._current - offset) % intervals]
         theirs = reference.slices[(reference.current - offset) % intervals]
