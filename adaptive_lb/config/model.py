@@ -355,12 +355,16 @@ class MetricsConfig:
 
 @define(frozen=True, slots=True)
 class ReloadConfig:
-    """Hot reload of this file by ``adaptive_lb.attach(session, "file.yaml")``."""
+    """Hot reload of this file by ``adaptive_lb.attach(session, "file.yaml")`` (or the file
+    ``$ADAPTIVE_LB_CONFIG`` names). A config given as an object has no file: nothing is
+    watched."""
 
-    enabled: bool = field(default=False, validator=boolean)
+    enabled: bool = field(default=True, validator=boolean)
     """Watch the file and apply each valid change (an invalid one is logged and the last
-    good config stays). Applies to policy, tracking, health, tracing and privacy settings;
-    the metrics endpoint and the OTLP exporter keep their attach-time settings."""
+    good config stays). Applies to policy, tracking, health, tracing and privacy settings
+    and to this section; a change to ``metrics`` or ``tracing.otlp`` is logged as a WARNING
+    and waits for the next attach (a restart). false: the file is read once, at attach;
+    written into a watched file, it stops the watching."""
     interval: float = duration(1.0, gt(0.0), le(3600.0))
     """How often the file is checked for a change."""
 

@@ -130,6 +130,12 @@ class ConfigWatcher:
         """True while the polling thread is alive."""
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def stopped(self) -> bool:
+        """True once :meth:`stop` was called (its thread may still be ending), until the
+        next :meth:`start`."""
+        return self._stop.is_set()
+
     def __enter__(self) -> ConfigWatcher:
         return self.start()
 

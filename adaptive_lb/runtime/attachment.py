@@ -10,7 +10,8 @@ profiles use :class:`~adaptive_lb.runtime.policy.AdaptiveLoadBalancingPolicy`:
    (:mod:`adaptive_lb.runtime.request_spans`);
 4. ``metrics.prometheus_enabled``: serves ``/metrics``; ``metrics.otel_enabled``: the
    OpenTelemetry instruments and ``db.client.operation.duration``;
-5. ``reload.enabled``: watches the file and applies each valid change.
+5. given a file (a path, or the one ``$ADAPTIVE_LB_CONFIG`` names): watches it and applies
+   each valid change, unless it says ``reload: {enabled: false}``.
 
 Whatever the config enables either takes effect or the call raises :class:`ConfigError`
 naming what is missing, having started nothing -- but for a metrics port: when none of
@@ -114,14 +115,44 @@ class Attachment:
         return server.server_port if server is not None else None
 
     def apply(self, config: Config) -> None:
-        """Apply a new config to every policy and to the request telemetry (the watcher
-        calls it on each valid change; exporters keep their attach-time settings)."""
+        """Apply a new config to every policy, to the request telemetry and to the watcher
+        (the watcher calls it on each valid change). The exporters keep their attach-time
+        settings: a change to ``metrics`` or ``tracing.otlp`` is logged as a WARNING."""
+        previous = self.config
         for policy in self.policies:
             policy.reload(config)
         if self.telemetry is not None:
             self.telemetry.configure(config)
             self._route_decisions()
         self.config = config
+        kept = [
+            name
+            for name, old, new in (
+                ("metrics", previous.metrics, config.metrics),
+                ("tracing.otlp", previous.tracing.otlp, config.tracing.otlp),
+            )
+            if old != new
+        ]
+        if kept:
+            log.warning(
+                "adaptive-lb: %s changed in %s: the exporters keep their attach-time "
+                "settings until the next attach (a restart); the rest of the change applies",
+                " and ".join(kept),
+                self.path or "the config",
+            )
+        watcher = self.watcher
+        if watcher is None or watcher.stopped:
+            return
+        if config.reload.enabled:
+            watcher.interval = config.reload.interval
+        else:
+            # Not joined: this may run on the watcher's own thread, or hold its lock.
+            watcher.stop(timeout=0)
+            log.info(
+                "adaptive-lb: reload.enabled is now false: %s is no longer watched "
+                "(attach again to watch it)",
+                self.path,
+            )
 
     def _route_decisions(self, attached: bool = True) -> None:
         # Decisions go to the request spans while those are made, else to the current span.
@@ -172,11 +203,6 @@ def _check_enabled(config: Config, meter_provider: Any | None, path: str | None)
             "metrics.otel_enabled: true, but no OpenTelemetry MeterProvider can record: "
             f"install the SDK ({INSTALL_HINT}) and set one, or pass meter_provider="
         )
-    if config.reload.enabled and path is None:
-        problems.append(
-            "reload.enabled: true, but attach() was given no config file to watch: "
-            "pass its path (adaptive_lb.attach(session, 'adaptive-lb.yaml'))"
-        )
     if problems:
         raise ConfigError(problems, source=path)
 
@@ -203,9 +229,9 @@ def attach(
 ) -> Attachment:
     """Attach adaptive-lb to a connected ``session``: see the module docstring.
 
-    :param config: a :class:`Config`, the path of a YAML file (needed for hot reload), or
-        None: ``$ADAPTIVE_LB_CONFIG`` if set, else the config the first policy was built
-        with.
+    :param config: a :class:`Config`, the path of a YAML file (watched for changes unless
+        it says ``reload: {enabled: false}``), or None: ``$ADAPTIVE_LB_CONFIG`` if set (a
+        file, watched likewise), else the config the first policy was built with.
     :param tracer_provider: where request and decision spans go (default: the one built
         from ``tracing.otlp``, else the global one).
     :param meter_provider: for ``metrics.otel_enabled`` (default: the global one).
@@ -232,6 +258,7 @@ def attach(
     elif not isinstance(config, Config):
         path = os.fspath(config)
         config = load_config(path)
+        path = os.path.abspath(path)  # watched from wherever the process goes
     _check_enabled(config, meter_provider, path)
 
     attachment = Attachment(session, config, policies, path)
@@ -282,6 +309,12 @@ def attach(
                 interval=config.reload.interval,
                 report_error=policies[0].record_error,
             ).start()
+            log.info(
+                "adaptive-lb: watching %s for changes every %gs (reload: {enabled: false} "
+                "in it reads it once)",
+                path,
+                config.reload.interval,
+            )
     except BaseException:
         attachment.close()
         raise

@@ -9,6 +9,7 @@ import os
 import socket
 import types
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
@@ -83,13 +84,15 @@ def test_a_session_without_an_adaptive_policy_is_refused():
         adaptive_lb.attach(session)
 
 
-def test_hot_reload_without_a_file_is_a_config_error_and_starts_nothing():
+def test_a_config_object_has_no_file_to_watch():
     policy = make_policy()
     session = StandInSession(policy)
-    config = Config(reload=ReloadConfig(enabled=True))
-    with pytest.raises(ConfigError, match=r"reload\.enabled: true, but attach\(\) was given no"):
-        adaptive_lb.attach(session, config)
-    assert session.listeners == [] and not policy.request_tracking
+    attachment = adaptive_lb.attach(session, Config(reload=ReloadConfig(enabled=True)))
+    try:
+        assert attachment.path is None and attachment.watcher is None
+        assert policy.request_tracking
+    finally:
+        attachment.close()
 
 
 @pytest.fixture
@@ -150,11 +153,91 @@ def test_a_config_file_is_applied_to_the_policies(tmp_path):
     policy = make_policy()
     session = StandInSession(policy)
     path = tmp_path / "adaptive-lb.yaml"
-    path.write_text("policy: {sample_size: 3}\n")
+    path.write_text("policy: {sample_size: 3}\nreload: {enabled: false}\n")
     attachment = adaptive_lb.attach(session, path)
     try:
         assert policy.config.policy.sample_size == 3
         assert attachment.path == str(path) and attachment.watcher is None
+    finally:
+        attachment.close()
+
+
+def rewrite(path, text):
+    """Replace the file atomically, as docs/configuration.md asks (write, then rename)."""
+    new = path.with_suffix(".new")
+    new.write_text(text)
+    os.replace(new, path)
+
+
+def test_a_config_file_is_watched_by_default(tmp_path, monkeypatch, caplog):
+    """The file names no ``reload`` section: flipping ``policy.enabled`` in it takes effect,
+    even after the process changed its working directory (the path given was relative)."""
+    policy = make_policy()
+    session = StandInSession(policy)
+    monkeypatch.chdir(tmp_path)
+    Path("adaptive-lb.yaml").write_text("policy: {sample_size: 3}\n")
+    with caplog.at_level(logging.INFO, logger="adaptive_lb.attach"):
+        attachment = adaptive_lb.attach(session, "adaptive-lb.yaml")
+    try:
+        watcher = attachment.watcher
+        assert watcher is not None and watcher.running
+        assert attachment.path == str(tmp_path / "adaptive-lb.yaml")
+        assert f"watching {attachment.path} for changes every 1s" in caplog.text
+        monkeypatch.chdir(tmp_path.parent)
+        rewrite(tmp_path / "adaptive-lb.yaml", "policy: {sample_size: 3, enabled: false}\n")
+        watcher.check()  # what its thread does every second (it may have done it already)
+        assert policy.config.policy.enabled is False
+        assert attachment.config.policy.enabled is False
+    finally:
+        attachment.close()
+    assert not watcher.running
+
+
+def test_reload_enabled_false_written_into_the_file_stops_the_watching(tmp_path, caplog):
+    policy = make_policy()
+    session = StandInSession(policy)
+    path = tmp_path / "adaptive-lb.yaml"
+    path.write_text("reload: {interval: 1h}\n")
+    attachment = adaptive_lb.attach(session, path)
+    try:
+        watcher = attachment.watcher
+        assert watcher is not None and watcher.interval == 3600.0
+        rewrite(path, "reload: {interval: 30m}\n")
+        assert watcher.check() and watcher.interval == 1800.0 and not watcher.stopped
+        with caplog.at_level(logging.INFO, logger="adaptive_lb.attach"):
+            rewrite(path, "reload: {enabled: false}\npolicy: {sample_size: 2}\n")
+            assert watcher.check()
+        assert watcher.stopped
+        assert policy.config.policy.sample_size == 2  # the last change still applies
+        assert "reload.enabled is now false" in caplog.text
+    finally:
+        attachment.close()
+
+
+def attach_warnings(caplog):
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and r.name == "adaptive_lb.attach"
+    ]
+
+
+def test_a_reloaded_metrics_change_warns_that_it_waits_for_a_restart(tmp_path, caplog):
+    policy = make_policy()
+    session = StandInSession(policy)
+    path = tmp_path / "adaptive-lb.yaml"
+    path.write_text("reload: {interval: 1h}\n")
+    attachment = adaptive_lb.attach(session, path)
+    try:
+        with caplog.at_level(logging.WARNING, logger="adaptive_lb.attach"):
+            rewrite(path, "reload: {interval: 1h}\npolicy: {sample_size: 5}\n")
+            assert attachment.watcher is not None and attachment.watcher.check()
+            assert attach_warnings(caplog) == []
+            rewrite(path, "reload: {interval: 1h}\nmetrics: {port: 9999}\n")
+            assert attachment.watcher.check()
+        (warning,) = attach_warnings(caplog)
+        assert warning.startswith(f"adaptive-lb: metrics changed in {path}: the exporters keep")
+        assert policy.config.metrics.port == 9999 and attachment.prometheus_port is None
     finally:
         attachment.close()
 
