@@ -9,7 +9,7 @@ a service imports on a request.
 * :mod:`~adaptive_lb.tools.bench` -- plan throughput against the stock policies
   (``adaptive-lb bench``);
 * :mod:`~adaptive_lb.tools.loadtest` and :mod:`~adaptive_lb.tools.loadtest_cli` -- the
-  closed-loop load test against Simulacron (``adaptive-lb loadtest``);
+  load test, open loop or closed, against your cluster or Simulacron (``adaptive-lb loadtest``);
 * :mod:`~adaptive_lb.tools.sandbox` -- a local Simulacron cluster to try things against;
 * :mod:`~adaptive_lb.tools.peers` -- the CQL test servers (Simulacron, the JVM harness)
   and load loops that the load test, the sandbox, the integration tests and the

@@ -1,7 +1,7 @@
 """The ``adaptive-lb`` command.
 
 adaptive-lb bench                  plan throughput vs the stock policies (new folder per run)
-adaptive-lb loadtest ...           closed-loop load, stock vs adaptive (see --help)
+adaptive-lb loadtest ...           a load at a fixed rate, stock vs adaptive (see --help)
 adaptive-lb demo / simulate ...    the simulator (adaptive_lb/tools/sim/cli.py)
 adaptive-lb config validate FILE   every error of a config file, exit 1 if any
 adaptive-lb config show [FILE]     the effective config (defaults filled in)

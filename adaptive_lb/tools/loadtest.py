@@ -1,5 +1,12 @@
-"""``adaptive-lb loadtest``: drive a closed-loop load through the stock policy or adaptive-lb
-(or both, one after the other) against your cluster or a simulated one, and compare.
+"""``adaptive-lb loadtest``: drive a load through the stock policy or adaptive-lb (or both,
+one after the other) against your cluster or a simulated one, and compare.
+
+By default the load is an *open loop*: ``--rate`` requests a second (500) whatever the
+answers do, so both policies of ``--compare`` carry the same offered load and their
+latencies compare like for like. ``--closed N`` runs a *closed loop* instead: N requests in
+flight, each sent when the previous answers, as fast as the client goes; a policy that
+answers faster then also gets more load (its throughput rises, and on a busy client its
+median with it). The report says which loop ran.
 
     adaptive-lb loadtest --simulated --slow-node 2 --delay 20 --compare
     adaptive-lb loadtest --contact-points 10.0.0.1 --local-dc dc1 \\
@@ -39,7 +46,10 @@ class LoadtestOptions:
     local_dc: str = "dc1"
     query: str | None = None
     key_range: int = 100_000
-    concurrency: int = 8
+    rate: float = 500.0
+    """Open loop: requests sent a second (ignored with ``closed``)."""
+    closed: int | None = None
+    """A closed loop of this many requests in flight instead of the open loop."""
     duration: float = 10.0
     timeout: float = 2.0
     policy: str = "adaptive"
@@ -70,6 +80,9 @@ class RunReport:
     error_messages: dict[str, str]
     """Exception type name -> the first such failure's message."""
     hosts: list[dict[str, Any]]
+    load: dict[str, Any] = field(factory=dict)
+    """The loop that ran: ``{"loop": "open", "rate": R, "offered": N}`` or ``{"loop":
+    "closed", "in_flight": N}``."""
     snapshot: dict[str, Any] | None = None
     """The adaptive policy's ``snapshot().to_dict()`` at the end of the run (None: stock)."""
 
@@ -85,6 +98,7 @@ class RunReport:
             "errors": self.errors,
             "error_messages": self.error_messages,
             "hosts": self.hosts,
+            "load": self.load,
             "snapshot": self.snapshot,
         }
 
@@ -106,16 +120,79 @@ def _make_policy(kind: str, options: LoadtestOptions, tracer_provider: Any = Non
     return AdaptiveLoadBalancingPolicy(child, config, tracer_provider=tracer_provider)
 
 
-def _progress(label: str, err: TextIO, duration: float):
-    def show(elapsed: float, completed: int) -> None:
+class _Progress:
+    """A run's progress on ``err``: rewritten in place about once a second on a terminal;
+    elsewhere (a pipe, a file) only the last state, once, when the run ends."""
+
+    def __init__(self, label: str, err: TextIO, duration: float) -> None:
+        self.label = label
+        self.err = err
+        self.duration = duration
+        self.tty = bool(getattr(err, "isatty", lambda: False)())
+        self.line = ""
+
+    def show(self, elapsed: float, completed: int) -> None:
+        """The state ``elapsed`` seconds in, ``completed`` requests answered or failed."""
         rate = completed / elapsed if elapsed > 0 else 0.0
-        err.write(
-            f"\r  {label:<9} {min(elapsed, duration):5.1f}/{duration:.0f}s "
+        self.line = (
+            f"  {self.label:<9} {min(elapsed, self.duration):5.1f}/{self.duration:.0f}s "
             f"{completed:>9,} requests {rate:>8,.0f} req/s"
         )
-        err.flush()
+        if self.tty:
+            self.err.write("\r" + self.line)
+            self.err.flush()
 
-    return show
+    def done(self) -> None:
+        """End the line (on a terminal) or write the last state (elsewhere)."""
+        self.err.write("\n" if self.tty else self.line + "\n")
+        self.err.flush()
+
+
+def describe_load(load: dict[str, Any]) -> str:
+    """One sentence saying which loop ran (the report's first line)."""
+    if load.get("loop") == "closed":
+        return (
+            f"closed loop: {load['in_flight']} requests in flight, each sent when one answers: "
+            "a policy that answers faster also gets more load (open loop: without --closed)"
+        )
+    return (
+        f"open loop: {load['rate']:,g} requests a second offered to each policy, whatever "
+        "the answers do: the same load, latencies compared like for like (--closed N: a "
+        "closed loop)"
+    )
+
+
+def _drive(
+    options: LoadtestOptions,
+    session: Any,
+    make_statement: Any,
+    progress: _Progress,
+    request_context: Any,
+) -> tuple[Any, dict[str, Any]]:
+    """Run the loop the options ask for: (its :class:`LoadResult`, the report's ``load``)."""
+    from adaptive_lb.tools.peers.load import closed_loop, open_loop
+
+    if options.closed is not None:
+        result = closed_loop(
+            session,
+            make_statement,
+            options.closed,
+            options.duration,
+            timeout=options.timeout,
+            progress=progress.show,
+            request_context=request_context,
+        )
+        return result, {"loop": "closed", "in_flight": options.closed}
+    result = open_loop(
+        session,
+        make_statement,
+        options.rate,
+        options.duration,
+        timeout=options.timeout,
+        progress=progress.show,
+        request_context=request_context,
+    )
+    return result, {"loop": "open", "rate": options.rate, "offered": result.offered}
 
 
 def _one_run(
@@ -128,7 +205,7 @@ def _one_run(
 ) -> RunReport:
     from adaptive_lb.runtime.attachment import attach
     from adaptive_lb.runtime.policy import AdaptiveLoadBalancingPolicy
-    from adaptive_lb.tools.peers.load import closed_loop, key_maker
+    from adaptive_lb.tools.peers.load import key_maker
 
     policy = _make_policy(kind, options, tracer_provider)
     request_context = None
@@ -163,16 +240,9 @@ def _one_run(
         def make_statement(_i: int) -> tuple[Any, Any]:
             return statement, ([key(rng.randrange(key_range))] if key else None)
 
-        result = closed_loop(
-            session,
-            make_statement,
-            options.concurrency,
-            options.duration,
-            timeout=options.timeout,
-            progress=_progress(kind, err, options.duration),
-            request_context=request_context,
-        )
-        err.write("\n")
+        progress = _Progress(kind, err, options.duration)
+        result, load = _drive(options, session, make_statement, progress, request_context)
+        progress.done()
         hosts = []
         total = sum(result.attempts.values()) or 1
         health = {}
@@ -206,12 +276,21 @@ def _one_run(
             errors=dict(result.errors),
             error_messages=dict(result.error_messages),
             hosts=hosts,
+            load=load,
             snapshot=snapshot,
         )
 
 
 def _print_report(reports: list[RunReport], out: TextIO) -> None:
+    if reports:
+        out.write(describe_load(reports[0].load) + "\n")
     for report in reports:
+        offered = report.load.get("offered")
+        if offered and report.requests < 0.99 * offered:
+            out.write(
+                f"\n{report.policy}: sent {report.requests:,} of the {offered:,} requests "
+                "offered: the client could not keep up (a lower --rate compares better)"
+            )
         out.write(
             f"\n{report.policy}: {report.requests:,} requests ({report.throughput:,.0f}/s), "
             f"p50 {report.p50_ms:.2f} ms, p95 {report.p95_ms:.2f} ms, "

@@ -21,7 +21,7 @@ def add_subcommand(subparsers: Any) -> None:
 
     parser = subparsers.add_parser(
         "loadtest",
-        help="closed-loop load through the stock policy and/or adaptive-lb, compared",
+        help="load through the stock policy and/or adaptive-lb, compared",
         description=doc_description(loadtest.__doc__),
         formatter_class=HelpFormatter,
     )
@@ -41,8 +41,21 @@ def add_subcommand(subparsers: Any) -> None:
     parser.add_argument(
         "--key-range", type=int, default=100_000, metavar="N", help="keys drawn from 0..N-1"
     )
-    parser.add_argument(
-        "--concurrency", type=int, default=8, metavar="N", help="requests in flight"
+    loop = parser.add_mutually_exclusive_group()
+    loop.add_argument(
+        "--rate",
+        type=_positive(float),
+        default=500.0,
+        metavar="R",
+        help="open loop: requests sent a second, whatever the answers do (the same load for "
+        "each policy)",
+    )
+    loop.add_argument(
+        "--closed",
+        type=_positive(int),
+        metavar="N",
+        help="a closed loop of N requests in flight instead, as fast as they are answered "
+        "(default: the open loop)",
     )
     parser.add_argument(
         "--duration", type=float, default=10.0, metavar="SECONDS", help="seconds per policy"
@@ -106,6 +119,21 @@ def add_subcommand(subparsers: Any) -> None:
     parser.set_defaults(handler=_handle)
 
 
+def _positive(kind: type) -> Any:
+    """An argparse type: a number of ``kind`` above 0, else a clear error."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
 def _handle(args: argparse.Namespace) -> int:
     options = loadtest.LoadtestOptions(
         contact_points=[c for c in args.contact_points.split(",") if c],
@@ -113,7 +141,8 @@ def _handle(args: argparse.Namespace) -> int:
         local_dc=args.local_dc,
         query=args.query,
         key_range=args.key_range,
-        concurrency=args.concurrency,
+        rate=args.rate,
+        closed=args.closed,
         duration=args.duration,
         timeout=args.timeout,
         policy=args.policy,

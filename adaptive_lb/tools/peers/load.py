@@ -1,8 +1,10 @@
-"""A closed-loop load generator for integration tests and the loadtest command's simulated mode.
+"""Load generators for the integration tests, the benchmarks and ``adaptive-lb loadtest``.
 
-``concurrency`` threads each run ``session.execute`` back to back until ``duration`` has
-passed; every request's attempted hosts, coordinator and latency are kept, and every failed
-request is counted with why (a parameter the driver cannot bind fails the request, not the
+:func:`closed_loop`: ``concurrency`` threads each run ``session.execute`` back to back until
+``duration`` has passed (the load follows the answers). :func:`open_loop`: requests sent at
+a fixed rate whatever the answers do (the same offered load for every policy). Either way
+every request's attempted hosts, coordinator and latency are kept, and every failed request
+is counted with why (a parameter the driver cannot bind fails the request, not the
 thread). :func:`key_maker` makes keys of the statement's key type.
 
 Imports attrs and the library's :mod:`adaptive_lb.runtime._driver` only; the library never imports a
@@ -43,6 +45,9 @@ class LoadResult:
     """Exception type name -> requests that failed."""
     error_messages: dict[str, str] = field(factory=dict)
     """Exception type name -> the first such failure's message (why requests failed)."""
+    offered: int = 0
+    """Open loop: the requests the rate asked for over the run (some may not have been sent:
+    a client too busy to keep up, or ``max_in_flight`` reached); closed loop: 0."""
 
     @property
     def requests(self) -> int:
@@ -167,6 +172,126 @@ def _closed_loop(
             progress(time.monotonic() - started, sum(c.requests for c in list(clients)))
     for thread in threads:
         thread.join(duration + timeout + 30)
+    return result
+
+
+def open_loop(
+    session: Any,
+    make_statement: Callable[[int], tuple[Any, Any]],
+    rate: float,
+    duration: float,
+    timeout: float = 2.0,
+    max_in_flight: int = 1024,
+    disable_gc: bool = True,
+    progress: Callable[[float, int], None] | None = None,
+    request_context: Callable[[], AbstractContextManager[Any]] | None = None,
+) -> LoadResult:
+    """Send ``rate`` requests a second for ``duration`` seconds from this thread, each as
+    it falls due whatever the earlier ones do, then wait for their answers (each ends within
+    ``timeout``). A client that falls more than a second behind skips the requests it
+    missed rather than bursting; at ``max_in_flight`` outstanding it waits. Both show as
+    :attr:`LoadResult.requests` below :attr:`LoadResult.offered`. Latency runs from each
+    request's ``execute_async`` to its answer. ``request_context()`` is entered around
+    ``execute_async`` (the plan is made there); ``make_statement``, ``disable_gc`` and
+    ``progress`` as in :func:`closed_loop`."""
+    if not rate > 0:
+        raise ValueError(f"rate: must be > 0, got {rate!r}")
+    if disable_gc:
+        gc.collect()
+        gc.disable()
+    try:
+        return _open_loop(
+            session,
+            make_statement,
+            rate,
+            duration,
+            timeout,
+            max_in_flight,
+            progress,
+            request_context or contextlib.nullcontext,
+        )
+    finally:
+        if disable_gc:
+            gc.enable()
+            gc.collect()
+
+
+def _open_loop(
+    session: Any,
+    make_statement: Callable[[int], tuple[Any, Any]],
+    rate: float,
+    duration: float,
+    timeout: float,
+    max_in_flight: int,
+    progress: Callable[[float, int], None] | None,
+    request_context: Callable[[], AbstractContextManager[Any]],
+) -> LoadResult:
+    result = LoadResult()
+    lock = threading.Lock()  # answers arrive on the driver's threads
+    slots = threading.BoundedSemaphore(max_in_flight)
+
+    def finished(future: Any, start: float, error: BaseException | None) -> None:
+        elapsed = time.perf_counter() - start
+        tracked = is_tracked(future)
+        with lock:
+            if error is not None:
+                name = type(error).__name__
+                result.errors[name] += 1
+                result.error_messages.setdefault(name, str(error) or name)
+            else:
+                result.latencies.append(elapsed)
+                if future.coordinator_host is not None:
+                    result.coordinators[future.coordinator_host.address] += 1
+            for host in future.attempted_hosts:
+                result.attempts[host.address] += 1
+                if tracked:
+                    result.tracked_attempts[host.address] += 1
+        slots.release()
+
+    started = time.monotonic()
+    deadline = started + duration
+    shown = started
+    number = 0
+    while True:
+        now = time.monotonic()
+        if progress is not None and now - shown >= 1.0:
+            shown = now
+            progress(now - started, result.requests)
+        due = started + number / rate
+        if due >= deadline or now >= deadline:
+            break
+        if now < due:
+            time.sleep(min(due - now, deadline - now, 0.05))
+            continue
+        if now - due > 1.0:  # a second behind (a pause): skip, do not burst
+            number = int((now - started) * rate)
+            continue
+        number += 1
+        if not slots.acquire(timeout=max(0.0, deadline - now)):
+            break
+        statement, parameters = make_statement(number)
+        start = time.perf_counter()
+        with request_context():
+            try:
+                # Binding happens here: a parameter of the wrong type raises at once.
+                future = session.execute_async(statement, parameters, timeout=timeout)
+            except Exception as exc:
+                with lock:
+                    name = type(exc).__name__
+                    result.errors[name] += 1
+                    result.error_messages.setdefault(name, str(exc) or name)
+                slots.release()
+                continue
+        future.add_callbacks(
+            lambda _rows, f=future, s=start: finished(f, s, None),
+            lambda exc, f=future, s=start: finished(f, s, exc),
+        )
+    result.offered = int(duration * rate)
+    for _ in range(max_in_flight):  # every request sent ends within its timeout
+        if not slots.acquire(timeout=timeout + 5.0):
+            break
+    if progress is not None:
+        progress(min(time.monotonic() - started, duration), result.requests)
     return result
 
 
