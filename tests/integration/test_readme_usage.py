@@ -1,7 +1,7 @@
 """The README's usage program, run as a user would (a fresh Python process) against
-Simulacron. Only what must differ here is substituted: the contact point, the Prometheus
-port (a free one), and ``protocol_version=4, compression=False`` (what Simulacron needs;
-see tests/integration/simulacron.py)."""
+Simulacron, as written for ``adaptive-lb sandbox`` (``protocol_version=4,
+compression=False``: what Simulacron needs). Only what must differ here is substituted: the
+contact point when it is not the sandbox, and the Prometheus port (a free one)."""
 
 from __future__ import annotations
 
@@ -47,11 +47,9 @@ def free_port() -> int:
 
 def test_the_readme_usage_program_runs(nodes):
     program = usage_program()
-    assert program.count('["127.0.0.1"],') == 1 and program.count("9464") >= 1
+    assert program.count('["127.0.2.1"],') == 1 and program.count("9464") >= 1
     port = free_port()
-    program = program.replace(
-        '["127.0.0.1"],', f'["{nodes[0]}"], protocol_version=4, compression=False,'
-    ).replace("9464", str(port))
+    program = program.replace('["127.0.2.1"],', f'["{nodes[0]}"],').replace("9464", str(port))
     result = subprocess.run(
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=120
     )
@@ -85,10 +83,10 @@ def test_the_readme_usage_program_runs_against_the_sandbox(tmp_path):
             if match:
                 contact = match.group(1)
                 break
-        assert contact, "the sandbox printed no contact point"
+        # 127.0.2.1, as the README says, unless another Simulacron holds it (this session's).
         program = (
             usage_program()
-            .replace('["127.0.0.1"],', f'["{contact}"], protocol_version=4, compression=False,')
+            .replace('["127.0.2.1"],', f'["{contact}"],')
             .replace("9464", str(free_port()))
         )
         result = subprocess.run(
@@ -99,7 +97,16 @@ def test_the_readme_usage_program_runs_against_the_sandbox(tmp_path):
             cwd=tmp_path,
         )
         assert result.returncode == 0, result.stderr
-        assert len(result.stdout.splitlines()) == 1 + 3  # the release, then 3 hosts
+        lines = result.stdout.splitlines()
+        assert len(lines) == 1 + 3 and lines[0].startswith("release ")  # then 3 hosts
+        hosts = [line.split() for line in lines[1:]]
+        prefix = contact.rsplit(".", 1)[0]
+        assert [h[:3] for h in hosts] == [
+            [f"{prefix}.1", "r1", "healthy"],
+            [f"{prefix}.2", "r2", "healthy"],
+            [f"{prefix}.3", "r3", "healthy"],
+        ]
+        assert 0 < sum(int(h[3]) for h in hosts) <= 100  # tracked: all, or a sample
     finally:
         sandbox.send_signal(signal.SIGINT)
         try:

@@ -48,7 +48,7 @@ def test_every_quote_agrees_with_its_record():
 
 def test_a_changed_quote_fails_and_sync_restores_it(tmp_path):
     root = _scratch(tmp_path)
-    readme = root / "README.md"
+    readme = root / "docs" / "performance.md"
     marker = "<!--fig e2e_overhead/cassandra-driver/listener adaptive.throughput-->"
     text = readme.read_text(encoding="utf-8")
     data = json.loads((root / "docs" / "figures.json").read_text(encoding="utf-8"))
@@ -58,7 +58,8 @@ def test_a_changed_quote_fails_and_sync_restores_it(tmp_path):
     assert f"{quoted}{marker}" in text
     readme.write_text(text.replace(f"{quoted}{marker}", f"{wrong}{marker}"), encoding="utf-8")
     [problem] = figures.check(root)
-    assert problem.startswith("README.md:") and f"quotes {wrong}" in problem and quoted in problem
+    assert problem.startswith("docs/performance.md:") and f"quotes {wrong}" in problem
+    assert quoted in problem
     [change] = figures.sync(root)
     assert f"{wrong} -> {quoted}" in change
     assert readme.read_text(encoding="utf-8") == text
@@ -72,16 +73,20 @@ def test_a_new_record_moves_every_quote_of_it(tmp_path):
     path = root / "docs" / "figures.json"
     data = json.loads(path.read_text(encoding="utf-8"))
     fig = data["records"]["e2e_overhead/cassandra-driver/listener"]["figures"]
-    fig["adaptive.throughput"], fig["stock.cpu_us"] = 0.9412, 187.66
+    fig["adaptive.throughput"], fig["adaptive.added_us"] = 0.9412, 17.66
     path.write_text(json.dumps(data), encoding="utf-8")
     problems = figures.check(root)
-    assert any(p.startswith("README.md:") for p in problems)
+    assert any(p.startswith("CONTRIBUTING.md:") for p in problems)
     assert any(p.startswith("docs/performance.md:") for p in problems)
     figures.sync(root)
     assert figures.check(root) == []
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    assert "0.941<!--fig e2e_overhead/cassandra-driver/listener adaptive.throughput-->" in readme
-    assert "188<!--fig e2e_overhead/cassandra-driver/listener stock.cpu_us-->" in readme
+    performance = (root / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert "0.941<!--fig e2e_overhead/cassandra-driver/listener adaptive.throughput-->" in (
+        performance
+    )
+    assert "+17.7<!--fig e2e_overhead/cassandra-driver/listener adaptive.added_us-->" in (
+        performance
+    )
 
 
 def test_record_run_writes_the_record_and_syncs_the_docs(tmp_path, monkeypatch):
@@ -103,9 +108,9 @@ def test_record_run_writes_the_record_and_syncs_the_docs(tmp_path, monkeypatch):
     assert entry["figures"]["tracking_cost_iqr_us.1"] == 4.9
     assert {"date", "python", "machine", "commit"} <= set(entry)
     assert "e2e_overhead/scylla-driver/listener" in data["records"]  # the others are kept
-    readme = (root / "README.md").read_text(encoding="utf-8")
+    performance = (root / "docs" / "performance.md").read_text(encoding="utf-8")
     marker = "<!--fig tracking_overhead/cassandra-driver/every tracking_cost_us-->"
-    assert f"4{marker}" in readme
+    assert f"4.40{marker}" in performance
     assert figures.check(root) == []
 
 
