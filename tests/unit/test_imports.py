@@ -28,6 +28,7 @@ _SPEC = importlib.util.find_spec("adaptive_lb")
 assert _SPEC is not None and _SPEC.submodule_search_locations
 PACKAGE = Path(next(iter(_SPEC.submodule_search_locations))).resolve()
 DESIGN = Path(__file__).resolve().parents[2] / "docs" / "design.md"
+CONTRIBUTING = DESIGN.parents[1] / "CONTRIBUTING.md"
 DRIVER_MODULES = ("cassandra",)
 TOOLS = frozenset(("tools",))
 """The tools around the library (second component of their module names: the
@@ -177,6 +178,16 @@ def design_layers() -> list[str]:
         for line in drawing.splitlines()
         if line.strip() and not line.startswith(" ")
     ]
+
+
+def test_contributing_names_the_packages_of_the_drawing_in_its_order():
+    """CONTRIBUTING.md's layout names the library's packages as the drawing does, top first:
+    one map, the drawing, which the test below checks against the imports."""
+    text = CONTRIBUTING.read_text(encoding="utf-8")
+    layout = text.split("## Repository layout", 1)[1].split("```", 2)[1]
+    library = layout.split("\n  tools/", 1)[0]  # the lines before the tools
+    named = [name for name in re.findall(r"\b([a-z_]+)/(?=\s)", library) if name != "adaptive_lb"]
+    assert named == design_layers()
 
 
 def test_the_layers_of_the_design_are_the_imports():
