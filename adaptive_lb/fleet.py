@@ -225,6 +225,8 @@ class FleetEstimate:
                 self._next_ns = 0  # the other table, at once
             else:
                 self.failed += 1
+                if self.learned is None:  # another node, soon: not a lone pace for a minute
+                    self._next_ns = None
 
 
 class FleetPacer:
