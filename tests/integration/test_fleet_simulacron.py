@@ -63,6 +63,10 @@ contact, workers, seconds, query = sys.argv[1], int(sys.argv[2]), float(sys.argv
 config = parse_config(sys.argv[5])
 
 
+def own(snapshot):
+    return {h.address: h.server_load_reads_total + h.probes_sent_total for h in snapshot.hosts}
+
+
 def work():
     policy = adaptive_lb.AdaptiveLoadBalancingPolicy(
         TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")), config
@@ -71,17 +75,19 @@ def work():
     adaptive_lb.attach(session)
     wait_for_pools(session, "dc1")
     statement = session.prepare(query)
-    learned, end, k = None, time.time() + seconds, os.getpid()
+    learned, end, k, at_learn = None, time.time() + seconds, os.getpid(), {}
     while time.time() < end:
         session.execute(statement, [k % 5000])
         k += 7
         if learned is None and policy.fleet_size_source != "default":
-            learned = time.time()
+            learned, at_learn = time.time(), own(policy.snapshot())
         time.sleep(0.1)
     snapshot = policy.snapshot()
     report = {
         "pid": os.getpid(),
         "learned": learned,
+        "own_at_learn": at_learn,
+        "own_at_end": own(snapshot),
         "end": time.time(),
         "fleet_size": snapshot.fleet_size,
         "source": snapshot.fleet_size_source,
@@ -127,12 +133,19 @@ def nodes(simulacron: Simulacron) -> Iterator[dict[str, list[str]]]:
         simulacron.remove_cluster(CLUSTER)
 
 
-def run_fleet(contact: str, events: list[tuple[float, Callable[[], None]]]) -> list[dict[str, Any]]:
-    """Start the pre-fork master, run ``events`` (seconds after its start, what to do), wait
-    for its workers' reports; every process it started is stopped by its pid if it has not
-    ended."""
+def run_fleet(
+    contact: str,
+    events: list[tuple[float, Callable[[], None]]],
+    *,
+    workers: int = WORKERS,
+    seconds: float = SECONDS,
+    config: str = CONFIG,
+) -> list[dict[str, Any]]:
+    """Start the pre-fork master of ``workers`` processes each loading ``seconds`` with
+    ``config``, run ``events`` (seconds after its start, what to do), wait for the workers'
+    reports; every process it started is stopped by its pid if it has not ended."""
     master = subprocess.Popen(
-        [sys.executable, "-c", MASTER, contact, str(WORKERS), str(SECONDS), QUERY, CONFIG],
+        [sys.executable, "-c", MASTER, contact, str(workers), str(seconds), QUERY, config],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -143,9 +156,9 @@ def run_fleet(contact: str, events: list[tuple[float, Callable[[], None]]]) -> l
     )
     assert master.stdout is not None
     lines: list[dict[str, Any]] = []
-    workers: list[int] = []
+    pids: list[int] = []
     started = time.monotonic()
-    deadline = started + SECONDS + 60
+    deadline = started + seconds + 60
     pending = sorted(events, key=lambda event: event[0])
     try:
         while time.monotonic() < deadline and not any("codes" in line for line in lines):
@@ -157,18 +170,18 @@ def run_fleet(contact: str, events: list[tuple[float, Callable[[], None]]]) -> l
                 if not text:
                     break
                 lines.append(json.loads(text))
-                workers = next((line["workers"] for line in lines if "workers" in line), [])
+                pids = next((line["workers"] for line in lines if "workers" in line), [])
         master.wait(10)
     finally:
         if not any("codes" in line for line in lines):  # the workers were not all waited for
-            for pid in workers:
+            for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
         if master.poll() is None:
             master.kill()
             master.wait(10)
     codes = next((line["codes"] for line in lines if "codes" in line), None)
-    assert codes == [0] * WORKERS, lines
+    assert codes == [0] * workers, lines
     return [line for line in lines if "pid" in line]
 
 
