@@ -22,6 +22,8 @@ fleet's total stays within ``health.fleet.budget`` per node per second:
   the last tenth (:func:`clients_period_s`). A slot goes first to a probe, then to a read.
   Where the period is shorter than a request's own interval the pacer does not bind:
   a fleet of up to 0.9 x budget x 1 s clients probes and reads as a lone client does.
+  While it binds, a stalled or erroring host's slots are its probes' (the health refresh
+  does not read it: the read would wait in the same stall).
 
 What this costs the fleet: a node's queue reaches a client's score once per period, not
 every ``server_load.interval``; a returning stalled node is probed by a spread of clients,
@@ -215,6 +217,13 @@ class FleetEstimate:
             self.learned, self.learned_ns = count, now_ns
             self.source = query.rsplit(" ", 1)[-1]
 
+    def after_fork(self) -> None:
+        """In a forked child: a read in flight was the parent's, its answer never comes
+        here; the child reads the table anew (it is one more client)."""
+        with self._lock:
+            self._outstanding = False
+            self._next_ns = None
+
     def fail(self, query: str, absent: bool) -> None:
         """``query`` did not answer; ``absent``: because the node has no such table or
         refuses it (remembered: not asked again)."""
@@ -242,12 +251,14 @@ class FleetPacer:
         """The least spacing of the slots of one host (:func:`own_period_s`)."""
 
     def resize(self, period_s: float, now_ns: int) -> None:
-        """Set the period; when it grew (the fleet is larger than thought), every host's
-        next slot is drawn anew within the new period: a fleet that learns its size at
-        once spreads its slots at once."""
-        if period_s > self.period_s:
-            for key in self._next:
-                self._next[key] = now_ns + round(self._rng.random() * period_s * _NS)
+        """Set the period. When it grew (the fleet is larger than thought) every host's next
+        slot is drawn anew within the new period: a fleet that learns its size at once
+        spreads its slots at once. When it shrank, no slot stays farther than that."""
+        if period_s != self.period_s:
+            grew = period_s > self.period_s
+            for key in list(self._next):
+                drawn = now_ns + round(self._rng.random() * period_s * _NS)
+                self._next[key] = drawn if grew else min(self._next[key], drawn)
         self.period_s = period_s
 
     def binding(self, base_s: float) -> bool:
@@ -272,5 +283,5 @@ class FleetPacer:
     def keep(self, keys: Iterable[Hashable]) -> None:
         """Forget the hosts not in ``keys`` (removed from the cluster)."""
         kept = set(keys)
-        for key in [key for key in self._next if key not in kept]:
-            del self._next[key]
+        for key in [key for key in list(self._next) if key not in kept]:
+            self._next.pop(key, None)

@@ -198,6 +198,7 @@ class PolicyControls:
         self._refresh.forget_thread()
         self._refresh.probe_sender = None  # the session it probed through is the parent's
         self._refresh.clients_reader = None
+        self._refresh.fleet.after_fork()
         self.health.probing = False
         self.health.lateness.after_fork()
         self.stats.remove_in_flight_source()  # the parent's pools

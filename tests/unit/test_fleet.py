@@ -94,6 +94,10 @@ def test_the_estimate_asks_the_table_the_node_has_and_falls_back_to_the_default(
     scylla.fail(SCYLLA_CLIENTS_QUERY, absent=False)
     assert next_order(again, again + 80 * S) - again >= 45 * S
     assert (scylla.size(config), scylla.source_of(config)) == (100, "system.clients")
+    # A fork while a read is out (the last one found): the child reads anew within 5 s.
+    assert scylla.order(again + 200 * S, hosts, config, 1) is None
+    scylla.after_fork()
+    assert next_order(again + 200 * S, again + 206 * S) <= again + 206 * S
     configured = attrs.evolve(config, size=12)
     assert scylla.size(configured) == 12 and scylla.source_of(configured) == "configured"
     assert scylla.order(3600 * S, [("s", False)], configured, 1) is None  # never read
@@ -222,8 +226,12 @@ def test_the_pacer_binds_only_beyond_a_requests_own_interval_and_rephases_when_i
     assert slots[0] <= 2 * S + 5.6 * S
     gaps = [(b - a) / S for a, b in itertools.pairwise(slots)]
     assert all(5.5 <= gap <= 8.6 for gap in gaps), gaps  # period x [1, 1.5), to a refresh
+    pacer.resize(own_period_s(1000, 20.0), 30 * S)  # 56 s
+    pacer.take("h", 30 * S, 2.0)
+    pacer.resize(own_period_s(100, 20.0), 31 * S)  # back to 5.6 s: no slot 56 s away
+    assert any(pacer.take("h", t, 2.0) for t in range(31 * S, 37 * S, S // 5))
     pacer.keep([])
-    assert pacer.take("h", 30 * S, 2.0) is False  # forgotten: a new random phase
+    assert pacer.take("h", 40 * S, 2.0) is False  # forgotten: a new random phase
 
 
 def test_the_policy_spaces_its_reads_by_the_fleet_and_learns_it_from_the_clients_table():
