@@ -189,7 +189,9 @@ class FleetConfig:
     for the thread-pool reads and probes (a client sends a node at most one of them every
     fleet size / (0.9 x this) seconds, random phase, never more often than
     ``server_load.interval`` and ``probe_interval`` allow), one tenth for the clients-table
-    reads. 0: no budget (every client reads and probes at its own intervals)."""
+    reads. Each costs a node about what a single-row read does (0.5-0.8 ms of CPU measured
+    on a small Cassandra 5.0 node: ``benchmarks/own_request_cost.py``). 0: no budget (every
+    client reads and probes at its own intervals)."""
     size: int = field(default=0, validator=[integer, ge(0), le(10_000_000)])
     """The number of clients (processes with an adaptive-lb session) sharing the cluster,
     if you know it; 0: learned from the server's ``clients`` table (one row per
