@@ -305,3 +305,44 @@ def test_the_sender_reads_the_clients_table_keeping_only_the_count():
     assert policy.fleet.failed == 1
     prober.close()
     assert policy.read_clients is None and policy.errors == []
+
+
+def test_a_thin_client_without_a_slot_still_detects_a_stall_and_takes_the_node_back():
+    """Probes never spend a user request, and in a fleet of 1,000 a client may have no probe
+    slot for a node when it stalls: its hung request makes the host ERRORING (stalled) after
+    ``stall_timeout`` all the same, and the late answer of that request brings it back."""
+    from tests.unit.test_probes import Cluster
+
+    pacer = FleetPacer(random.Random(5))
+    pacer.resize(own_period_s(1000, 20.0), 0)  # 56 s between slots
+
+    class Paced(Cluster):
+        def refresh(self) -> None:
+            self.clock.advance(200 * 1_000_000)
+            self.model.refresh(self.stats, dict.fromkeys(self.stats, "dc1"))
+            orders = self.scheduler.due(
+                ((key, stats, self.live[key]) for key, stats in self.stats.items()),
+                self.model.verdicts,
+                self.model.windows,
+                self.model.stalled,
+                self.clock.now_ns(),
+                self.config,
+            )
+            for order in orders:  # as the policy's refresh: a probe goes out with a slot
+                if pacer.take(order.key, self.clock.now_ns(), self.config.probe_interval):
+                    assert order.stats.probes.begin(self.clock.now_ns(), order.next_ns, "")
+                    self.sent.append((str(order.key), order.reason, self.clock.now_ns()))
+
+    cluster = Paced()
+    cluster.traffic(1.0)
+    cluster.stalled.add("h0")
+    cluster.request("h0")  # hangs
+    cluster.traffic(2.4, ("h1", "h2"))
+    health = cluster.model.health("h0")
+    assert health is not None and health.state is HealthState.ERRORING
+    assert health.cause == "stall" and cluster.probes_to("h0") == 0  # no slot: no probe
+    cluster.stalled.discard("h0")
+    cluster.stats["h0"].on_success(2600 * 1_000_000)  # the node is back: the late answer
+    cluster.traffic(1.2, ("h1", "h2"))
+    assert cluster.state("h0") in (HealthState.WARMING, HealthState.HEALTHY)
+    assert cluster.probes_to("h0") == 0
