@@ -184,6 +184,36 @@ class ServerLoadConfig:
 
 
 @define(frozen=True, slots=True)
+class FleetConfig:
+    """A budget for what the whole fleet of clients sends each node of its own (thread-pool
+    reads, probes), whatever the fleet size, with no control plane: each client learns how
+    many clients share the cluster (the server's ``clients`` table, read rarely) and spaces
+    its reads and probes of each node so that the fleet's total stays within the budget
+    (docs/design.md, "A fleet's reads and probes")."""
+
+    budget: float = field(default=20.0, validator=[number, ge(0.0), le(100_000.0)])
+    """Reads and probes per second one node may receive from the whole fleet: nine tenths
+    for the thread-pool reads and probes (a client sends a node at most one of them every
+    fleet size / (0.9 x this) seconds, random phase, never more often than
+    ``server_load.interval`` and ``probe_interval`` allow), one tenth for the clients-table
+    reads. Each costs a node about what a single-row read does (0.5-0.8 ms of CPU measured
+    on a small Cassandra 5.0 node: ``benchmarks/own_request_cost.py``). 0: no budget (every
+    client reads and probes at its own intervals)."""
+    size: int = field(default=0, validator=[integer, ge(0), le(10_000_000)])
+    """The number of clients (processes with an adaptive-lb session) sharing the cluster,
+    if you know it; 0: learned from the server's ``clients`` table (one row per
+    connection: Cassandra 4.0+ ``system_views.clients``, ScyllaDB ``system.clients``)."""
+    default_size: int = field(default=1, validator=[integer, ge(1), le(10_000_000)])
+    """The fleet size assumed where it cannot be learned (Cassandra 3.x, a node that
+    refuses the read, Simulacron unprimed)."""
+    clients_interval: float = duration(60.0, ge(0.0), le(86400.0))
+    """How often this client reads the clients table of one local node (the node picked at
+    random, jittered +/- 25 %; a fleet reads it at most budget / 10 times a second per node,
+    spacing it further). Such a read costs the node a DNS lookup per distinct client address
+    (Cassandra 4.x, 5.0): read it rarely. 0: never (``default_size`` stands)."""
+
+
+@define(frozen=True, slots=True)
 class LatencyFactorConfig:
     """Between health verdicts, the latency each host shows weighs in its score: a factor
     from the lower confidence bound of how much slower than its peers the host answers,
@@ -279,6 +309,8 @@ class HealthConfig:
     """Score multiplier per health state."""
     server_load: ServerLoadConfig = field(factory=ServerLoadConfig)
     """The server's own view of its load (Cassandra 4.0+ thread pools) in the score."""
+    fleet: FleetConfig = field(factory=FleetConfig)
+    """The fleet's budget of thread-pool reads and probes per node."""
     latency_factor: LatencyFactorConfig = field(factory=LatencyFactorConfig)
     """The latency each host shows, in proportion to the evidence, in the score."""
 

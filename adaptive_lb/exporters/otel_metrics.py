@@ -28,6 +28,7 @@ instrument                                 kind                       Prometheus
 ``adaptive_lb.config.reloads``             counter, ``result``        ``..._config_reloads_total``
 ``adaptive_lb.config.info``                gauge = 1, ``hash``        ``adaptive_lb_config_info``
 ``adaptive_lb.policy.enabled``             gauge (1 / 0)              ``..._policy_enabled``
+``adaptive_lb.fleet.size``                 gauge                      ``adaptive_lb_fleet_size``
 ``adaptive_lb.local_rack.info``            gauge = 1, ``rack``,       ``..._local_rack_info``
                                            ``source``
 ``adaptive_lb.trace.spans.exported``       counter (process-wide)     ``..._spans_exported_total``
@@ -251,6 +252,7 @@ def _create_instruments(members: Members, meter_provider: Any | None) -> list[An
         counter("adaptive_lb.config.reloads", [by_key("config_reloads", "result")]),
         gauge("adaptive_lb.config.info", [config_info]),
         gauge("adaptive_lb.policy.enabled", [per_policy(lambda s: int(s.enabled))]),
+        gauge("adaptive_lb.fleet.size", [per_policy(lambda s: s.fleet_size)], unit="{client}"),
         gauge("adaptive_lb.local_rack.info", [local_rack]),
         counter("adaptive_lb.trace.spans.exported", [spans_exported], unit="{span}"),
         counter("adaptive_lb.trace.spans.dropped", [spans_dropped], unit="{span}"),

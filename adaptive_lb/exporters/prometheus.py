@@ -150,6 +150,13 @@ _HOST_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
 _POLICY_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
     (
         GaugeMetricFamily,
+        "adaptive_lb_fleet_size",
+        "How many clients share the cluster as this one knows it (health.fleet): its reads "
+        "and probes of each node are spaced so that the fleet's stay within the budget.",
+        "fleet_size",
+    ),
+    (
+        GaugeMetricFamily,
         "adaptive_lb_policy_enabled",
         "1 when the policy orders plans by load and health (policy.enabled), 0 when every "
         "plan is the child policy's own, unchanged.",

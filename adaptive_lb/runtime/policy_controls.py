@@ -10,8 +10,8 @@ parent's connections. Each is a short delegation to the part that does the work,
 and owned by the policy (:mod:`adaptive_lb.runtime.policy` builds them).
 
 May import: the parts of a policy (health, planner, refresher, replicas, sampling, snapshot,
-stats, topology, tracing, tracking_watch, membership, config, clock, counting, errors) and
-attrs; never :mod:`adaptive_lb.runtime.policy`, which imports it.
+stats, topology, tracing, tracking_watch, membership, fleet, config, clock, counting,
+errors) and attrs; never :mod:`adaptive_lb.runtime.policy`, which imports it.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from adaptive_lb.plan.topology import Topology, TopologyBook
 from adaptive_lb.runtime.membership import Membership
 from adaptive_lb.runtime.refresher import HealthRefresh
 from adaptive_lb.runtime.tracking_watch import TrackingWatch
+from adaptive_lb.stats.fleet import FleetEstimate
 from adaptive_lb.stats.host import HostStats
 from adaptive_lb.stats.registry import StatsRegistry
 from adaptive_lb.stats.sampling import Sampler
@@ -116,6 +117,24 @@ class PolicyControls:
         return self._book.local_rack.source
 
     @property
+    def fleet(self) -> FleetEstimate:
+        """How many clients share the cluster, as this client learns it
+        (:mod:`adaptive_lb.stats.fleet`; the prober's clients-table reads write to it)."""
+        return self._refresh.fleet
+
+    @property
+    def fleet_size(self) -> int:
+        """How many clients this one takes to share the cluster, for the fleet's budget of
+        reads and probes (:mod:`adaptive_lb.stats.fleet`)."""
+        return self._refresh.fleet.size(self.config.health.fleet)
+
+    @property
+    def fleet_size_source(self) -> str:
+        """Where :attr:`fleet_size` comes from: ``configured`` (``health.fleet.size``),
+        ``system_views.clients``, ``system.clients`` (counted there) or ``default``."""
+        return self._refresh.fleet.source_of(self.config.health.fleet)
+
+    @property
     def learned_rack(self) -> str | None:
         """The rack learned from measured latency (``local_rack: auto``), or None."""
         return self._book.local_rack.learned
@@ -178,6 +197,8 @@ class PolicyControls:
         self._tracking.detach_all()
         self._refresh.forget_thread()
         self._refresh.probe_sender = None  # the session it probed through is the parent's
+        self._refresh.clients_reader = None
+        self._refresh.fleet.after_fork()
         self.health.probing = False
         self.health.lateness.after_fork()
         self.stats.remove_in_flight_source()  # the parent's pools
@@ -230,9 +251,11 @@ class PolicyControls:
         replacing: Any | None = None,
         read_load: Any | None = None,
         rng: Random | None = None,
+        read_clients: Any | None = None,
     ) -> None:
         """Send active probes with ``send(order)`` after each health refresh (None: stop),
-        and server-load reads with ``read_load(order)`` (:mod:`adaptive_lb.stats.server_load`).
+        server-load reads with ``read_load(order)`` (:mod:`adaptive_lb.stats.server_load`) and
+        clients-table reads with ``read_clients(order)`` (:mod:`adaptive_lb.stats.fleet`).
         With ``replacing``, only if that is the sender in place (a closing session must
         not stop another's). ``rng``: draw the probes' jitter and the server-load
         thresholds from it (the simulator seeds one; default: unseeded).
@@ -245,6 +268,7 @@ class PolicyControls:
                 refresh.seed(rng)
             refresh.probe_sender = send
             refresh.load_reader = read_load if send is not None else None
+            refresh.clients_reader = read_clients if send is not None else None
             self.health.probing = send is not None
 
     # ------------------------------------------------------------------ snapshot

@@ -3,7 +3,8 @@
 Besides the probes it sends the server-load reads of :mod:`adaptive_lb.stats.server_load`
 (``system_views.thread_pools``, Cassandra 4.0+) the same way, to the host the health refresh
 orders, each with ``health.server_load.timeout``; a node whose ``release_version`` is below 4
-is never asked.
+is never asked. And, rarely, the clients-table reads of :mod:`adaptive_lb.stats.fleet` (how many
+clients share the cluster): only the count of their rows is kept.
 
 A probe is ``SELECT release_version FROM system.local``
 (:data:`~adaptive_lb.health.probes.PROBE_QUERY`) sent through the user's session -- so with its
@@ -19,7 +20,8 @@ recognises the probe statement and leaves it out of the user's numbers
 (``execute_async`` does not wait for the answer) and its callbacks run on the driver's
 threads: they record and return, and never raise into the driver.
 
-Imports the driver's public API and adaptive-lb's probe layers (probes, probe_record).
+Imports the driver's public API and adaptive-lb's probe layers (probes, probe_record,
+server_load, fleet).
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ from cassandra.pool import NoConnectionsAvailable
 from cassandra.query import SimpleStatement
 
 from adaptive_lb.health.probes import PROBE_QUERY, ProbeOrder
+from adaptive_lb.stats.fleet import (
+    CASSANDRA_CLIENTS_QUERY,
+    SCYLLA_CLIENTS_QUERY,
+    ClientsOrder,
+    FleetEstimate,
+    clients_from_rows,
+)
 from adaptive_lb.stats.probe_record import ANSWERED, FAILED, TIMEOUT, UNSENT, ProbeRecord
 from adaptive_lb.stats.server_load import (
     THREAD_POOLS_QUERY,
@@ -45,7 +54,13 @@ from adaptive_lb.stats.server_load import (
     supports_thread_pools,
 )
 
-__all__ = ["Prober", "outcome_of_exception"]
+__all__ = ["OwnStatement", "Prober", "outcome_of_exception"]
+
+
+class OwnStatement(SimpleStatement):
+    """A statement of adaptive-lb's own (a probe, a load or clients read): request tracking
+    leaves every request made with one out of the user's numbers (one class check)."""
+
 
 _NOT_SENT = (NoConnectionsAvailable, ConnectionBusy)
 
@@ -82,15 +97,20 @@ class Prober:
         self._senders: dict[int, Any] = {}
         self._closed = False
         self._lock = threading.Lock()
-        self.statement = SimpleStatement(
+        self.statement = OwnStatement(
             PROBE_QUERY, consistency_level=ConsistencyLevel.ONE, is_idempotent=True
         )
         """The one statement every probe sends (tracking skips requests made with it)."""
-        self.load_statement = SimpleStatement(
+        self.load_statement = OwnStatement(
             THREAD_POOLS_QUERY, consistency_level=ConsistencyLevel.ONE, is_idempotent=True
         )
         """The one statement every server-load read sends (:mod:`adaptive_lb.stats.server_load`;
         tracking skips it too)."""
+        self.clients_statements = {
+            query: OwnStatement(query, consistency_level=ConsistencyLevel.ONE, is_idempotent=True)
+            for query in (CASSANDRA_CLIENTS_QUERY, SCYLLA_CLIENTS_QUERY)
+        }
+        """The statements of the clients-table reads (:mod:`adaptive_lb.stats.fleet`), by query."""
 
     def start(self) -> Prober:
         """Have each policy send its due probes after each health refresh."""
@@ -98,7 +118,11 @@ class Prober:
             for policy in self._policies:
                 send = partial(self._send, policy)
                 self._senders[id(policy)] = send
-                policy.use_prober(send, read_load=partial(self._read_load, policy))
+                policy.use_prober(
+                    send,
+                    read_load=partial(self._read_load, policy),
+                    read_clients=partial(self._read_clients, policy),
+                )
         return self
 
     def close(self) -> None:
@@ -160,6 +184,45 @@ class Prober:
         except Exception:
             record.fail()
             policy.record_error("server_load", "this load read is not sent")
+
+    def _read_clients(self, policy: Any, order: ClientsOrder) -> None:
+        if self._closed or getattr(self._session, "is_shutdown", False):
+            return
+        estimate = policy.fleet
+        try:
+            future = self._session.execute_async(
+                self.clients_statements[order.query],
+                timeout=policy.config.health.server_load.timeout,
+                host=order.key,
+            )
+            future.add_callbacks(
+                _clients_counted,
+                _clients_failed,
+                callback_args=(policy, estimate, order.query),
+                errback_args=(estimate, order.query),
+            )
+        except Exception:
+            estimate.fail(order.query, absent=False)
+            policy.record_error("server_load", "this clients read is not sent")
+
+
+def _clients_counted(rows: Any, policy: Any, estimate: FleetEstimate, query: str) -> None:
+    try:
+        try:
+            count = clients_from_rows(rows or ())
+        except ValueError:
+            estimate.fail(query, absent=True)  # a row factory of the user's we cannot read
+            return
+        estimate.answer(query, count, policy.now_ns())
+    except Exception:  # never into the driver
+        policy.record_error("server_load", "this clients count is not kept")
+
+
+def _clients_failed(exc: BaseException, estimate: FleetEstimate, query: str) -> None:
+    # No such table (Cassandra 3.x, ScyllaDB for system_views) or no permission: not
+    # asked again; a timeout: asked again at the next interval.
+    with contextlib.suppress(Exception):  # never into the driver
+        estimate.fail(query, absent=isinstance(exc, RequestValidationException))
 
 
 def _loaded(rows: Any, policy: Any, record: ServerLoadRecord, sent_ns: int) -> None:

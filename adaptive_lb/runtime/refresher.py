@@ -10,7 +10,7 @@ publishing each host's penalties on its :class:`~adaptive_lb.stats.host.HostStat
 path to read.
 
 May import: the health row (health, probes, proximity) and the rows below it (topology,
-scoring, statistics, server load).
+scoring, statistics, server load, fleet).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from adaptive_lb.health.probes import ProbeOrder, ProbeScheduler
 from adaptive_lb.plan.proximity import rack_proximity
 from adaptive_lb.plan.scoring import HostView
 from adaptive_lb.plan.topology import TopologyBook
+from adaptive_lb.stats.fleet import ClientsOrder, FleetEstimate, FleetPacer, own_period_s
 from adaptive_lb.stats.host import HostStats
-from adaptive_lb.stats.server_load import LoadOrder, due, publish
+from adaptive_lb.stats.server_load import LoadOrder, due, publish, supports_thread_pools
 
 __all__ = ["HealthRefresh", "HealthRefresher"]
 
@@ -59,6 +60,13 @@ class HealthRefresh:
         self.load_reader: Callable[[LoadOrder], None] | None = None
         """Sends one server-load read (:mod:`adaptive_lb.stats.server_load`), beside the probe
         sender; None: none (every host's ``server_load`` factor stays 1)."""
+        self.clients_reader: Callable[[ClientsOrder], None] | None = None
+        """Sends one clients-table read (:mod:`adaptive_lb.stats.fleet`), beside the probe sender;
+        None: none (the fleet size is configured or ``default_size``)."""
+        self.fleet = FleetEstimate()
+        """How many clients share the cluster (:mod:`adaptive_lb.stats.fleet`)."""
+        self.pacer = FleetPacer()
+        """Spaces this client's reads and probes of each host within the fleet's budget."""
         self._load_rng = random.Random()
         self._thresholds: random.Random | None = None
         """Set by :meth:`seed`: each host's server-load threshold
@@ -72,6 +80,7 @@ class HealthRefresh:
         # stays what it was without server-load reads.
         state = repr(rng.getstate())
         self._load_rng = random.Random(state)
+        self.pacer = FleetPacer(random.Random(f"{state}:fleet"))
         self._thresholds = random.Random(f"{state}:thresholds")
 
     def refresh(self) -> list[HealthTransition]:
@@ -79,6 +88,7 @@ class HealthRefresh:
         stats, groups = self.inputs()
         transitions = self.health.refresh(stats, groups, self._book.knows, self.racks())
         self._refresh_locality()
+        self._pace()
         self._probe()
         self._server_load()
         return transitions
@@ -90,12 +100,22 @@ class HealthRefresh:
         transitions = self.health.maybe_refresh(stats, groups, self._book.knows, self.racks())
         if transitions is not None:
             self._refresh_locality()
+            self._pace()
             self._probe()
             self._server_load()
         return transitions
 
+    def _pace(self) -> None:
+        """Before the probes and reads of a refresh: the slots' period from the fleet size
+        in force (:mod:`adaptive_lb.stats.fleet`)."""
+        config = self.health.config.fleet
+        period_s = own_period_s(self.fleet.size(config), config.budget)
+        self.pacer.resize(period_s, self.health.clock.now_ns())
+        self.pacer.keep(self._book.topology.by_id.keys())
+
     def _probe(self) -> None:
-        """After a health refresh: send the probes that are due, if a sender is set."""
+        """After a health refresh: send the probes that are due and have a slot of the
+        fleet's budget (:mod:`adaptive_lb.stats.fleet`), if a sender is set."""
         send = self.probe_sender
         if send is None:
             return
@@ -109,28 +129,59 @@ class HealthRefresh:
             health.clock.now_ns(),
             health.config,
         )
+        now = health.clock.now_ns()
+        base = health.config.probe_interval
         for order in orders:
-            send(order)
+            if self.pacer.take(id(order.key), now, base):
+                send(order)
 
     def _server_load(self) -> None:
         """After a health refresh: publish each local host's server-load factor (its
-        datacenter's hosts are its peers), then send the load reads that are due."""
+        datacenter's hosts are its peers), then send the clients-table read and the load
+        reads that are due and have a slot of the fleet's budget."""
         config = self.health.config.server_load
         local = [view for view in self._book.topology.by_id.values() if view.is_local]
         now = self.health.clock.now_ns()
+        interval_s = max(config.interval, self.pacer.period_s)
         by_dc: dict[Any, list[tuple[Hashable, HostStats]]] = {}
         for view in local:
             by_dc.setdefault(view.datacenter, []).append((view.host, view.stats))
         for hosts in by_dc.values():
-            publish(hosts, now, config)
+            publish(hosts, now, config, interval_s)
         read = self.load_reader
         if read is None:
             return
+        self._read_clients(local, now)
         thresholds = self._thresholds
-        for order in due(((v.host, v.stats, v.live) for v in local), now, config, self._load_rng):
+        binding = self.pacer.binding(config.interval)
+        readable = (
+            (v.host, v.stats, v.live)
+            for v in local
+            # Paced: a stalled or erroring host's slot is its probe's (its read would wait
+            # in the same stall, and the factor weighs nothing beside its penalty).
+            if not (binding and v.stats.health_state is HealthState.ERRORING)
+        )
+        for order in due(readable, now, config, self._load_rng):
+            if not self.pacer.take(id(order.key), now, config.interval):
+                continue
             if thresholds is not None and order.stats.load.sent == 0:
                 order.stats.load.draw = thresholds.random()  # seeded, before its first read
             read(order)
+
+    def _read_clients(self, local: list[HostView[HostStats]], now: int) -> None:
+        """Send the clients-table read if one is due
+        (:class:`~adaptive_lb.stats.fleet.FleetEstimate`)."""
+        reader = self.clients_reader
+        if reader is None:
+            return
+        hosts = [
+            (view.host, supports_thread_pools(getattr(view.host, "release_version", None)))
+            for view in local
+            if view.live
+        ]
+        order = self.fleet.order(now, hosts, self.health.config.fleet, len(local))
+        if order is not None:
+            reader(order)
 
     def inputs(self) -> tuple[dict[Hashable, HostStats], dict[Hashable, Any]]:
         """Every known host's statistics, and its peer group: its datacenter."""

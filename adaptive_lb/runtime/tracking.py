@@ -47,7 +47,7 @@ from adaptive_lb.runtime.attempts import (
     outcome_of,
 )
 from adaptive_lb.runtime.policy import AdaptiveLoadBalancingPolicy
-from adaptive_lb.runtime.prober import Prober
+from adaptive_lb.runtime.prober import OwnStatement, Prober
 from adaptive_lb.telemetry.tracing import current_recording_span
 
 __all__ = [
@@ -92,7 +92,6 @@ class RequestTracker:
         """The session's adaptive policies (execution profiles and legacy)."""
         self.prober = Prober(session, self.policies)
         """Sends the policies' active probes (:mod:`adaptive_lb.runtime.prober`)."""
-        self._probe_query = self.prober.statement
         self.pool_problems: list[str] = []
         """What this driver lacks for reading in-flight counts from the session's pools;
         not empty: every request is tracked and its attempts counted in flight here."""
@@ -102,7 +101,6 @@ class RequestTracker:
         self.sampling = False
         """Only a sample of requests is tracked (:mod:`adaptive_lb.stats.sampling`) once traffic
         is thick: the plans read in-flight counts from the driver's pools."""
-        self._load_query = self.prober.load_statement
         self.problems = tracking_problems()
         """What this driver lacks that tracking hooks; not empty: no request is tracked
         (nor touched, nor probed), and the policies plan as if every host were idle."""
@@ -124,8 +122,8 @@ class RequestTracker:
         self.prober.start()
 
     def _on_request(self, future: Any) -> None:
-        if future.query is self._probe_query or future.query is self._load_query:
-            return  # adaptive-lb's own probe or load read: counted apart, on the host
+        if future.query.__class__ is OwnStatement:
+            return  # adaptive-lb's own probe or read: counted apart, on the host
         policy = getattr(future, FUTURE_POLICY_ATTRIBUTE, None)
         if self._closed or not isinstance(policy, AdaptiveLoadBalancingPolicy):
             self.untracked_requests += 1

@@ -338,13 +338,16 @@ def publish(
     hosts: Iterable[tuple[Hashable, LoadedStats]],
     now_ns: int,
     config: ServerLoadConfig,
+    interval_s: float | None = None,
 ) -> None:
     """Set every host's ``server_load`` factor (and its record's ``excess`` and ``factor``)
     from the fresh smoothed pressures of ``hosts`` (one datacenter's: they are each
     other's peers). 1 for a host without a fresh reading, without a peer that has one, or
-    with ``config.enabled`` false."""
+    with ``config.enabled`` false. ``interval_s``: the reads' spacing in force, when a
+    fleet's budget spaces them beyond ``config.interval`` (:mod:`adaptive_lb.stats.fleet`): a
+    reading stays fresh for :data:`STALE_INTERVALS` of it."""
     listed = list(hosts)
-    stale_s = STALE_INTERVALS * config.interval
+    stale_s = STALE_INTERVALS * max(config.interval, interval_s or 0.0)
     fresh = {
         key: pressure
         for key, stats in listed

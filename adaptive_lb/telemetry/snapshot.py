@@ -81,6 +81,10 @@ class SnapshotSource(Protocol):
     @property
     def local_rack_source(self) -> str: ...
     @property
+    def fleet_size(self) -> int: ...
+    @property
+    def fleet_size_source(self) -> str: ...
+    @property
     def untracked_attempts(self) -> int: ...
     @property
     def unknown_host_events(self) -> int: ...
@@ -141,6 +145,14 @@ class PolicySnapshot:
     """Where ``local_rack`` comes from: ``configured`` (``policy.local_rack``), ``child``
     (the child policy's), ``learned`` (``local_rack: auto``, from measured latency) or
     ``unknown``."""
+    fleet_size: int = field(metadata=REFRESH)
+    """How many clients share the cluster, as this one knows it: its reads and probes of
+    each node are spaced so that the fleet's stay within ``health.fleet.budget``."""
+    fleet_size_source: str = field(metadata=REFRESH)
+    """Where ``fleet_size`` comes from: ``configured`` (``health.fleet.size``),
+    ``system_views.clients`` or ``system.clients`` (counted in the server's clients table,
+    read every ``health.fleet.clients_interval``) or ``default``
+    (``health.fleet.default_size``)."""
     untracked_attempts: int = field(metadata=LIFETIME)
     """Attempts sent to a host the policy does not know (removed, or never seen): not
     counted in any host."""
@@ -207,6 +219,8 @@ class PolicySnapshot:
             forked_from_pid=policy.forked_from_pid,
             local_rack=policy.local_rack,
             local_rack_source=policy.local_rack_source,
+            fleet_size=policy.fleet_size,
+            fleet_size_source=policy.fleet_size_source,
             untracked_attempts=policy.untracked_attempts,
             unknown_host_events=policy.unknown_host_events,
             decisions_by_position=dict(policy.decisions_by_position),

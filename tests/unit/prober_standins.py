@@ -9,6 +9,7 @@ from typing import Any
 
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.core.clock import ManualClock
+from adaptive_lb.stats.fleet import FleetEstimate
 
 
 class StandInFuture:
@@ -35,7 +36,8 @@ class StandInSession:
 
 
 class StandInPolicy:
-    """A manual clock, the health config, the prober's senders and its error reports."""
+    """A manual clock, the health config, the prober's senders, the fleet estimate and its
+    error reports."""
 
     def __init__(self) -> None:
         self.clock = ManualClock(0)
@@ -43,12 +45,15 @@ class StandInPolicy:
         self.config = type("C", (), {"health": HealthConfig()})()
         self.sender: Any = None
         self.read_load: Any = None
+        self.read_clients: Any = None
+        self.fleet = FleetEstimate()
         self.errors: list[str] = []
 
-    def use_prober(self, send, replacing=None, read_load=None):
+    def use_prober(self, send, replacing=None, read_load=None, read_clients=None):
         if replacing is None or self.sender is replacing:
             self.sender = send
             self.read_load = read_load if send is not None else None
+            self.read_clients = read_clients if send is not None else None
 
     def record_error(self, stage, what):
         self.errors.append(stage)

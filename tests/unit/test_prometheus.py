@@ -318,6 +318,8 @@ def test_otel_instruments_cover_every_prometheus_family():
         p.attributes["policy"]: p.attributes["hash"] for p in metrics["adaptive_lb.config.info"]
     }
     assert info == {"a": policies[0].config_hash, "b": policies[1].config_hash}
+    fleet = {p.attributes["policy"]: p.value for p in metrics["adaptive_lb.fleet.size"]}
+    assert fleet == {"a": 1, "b": 1}  # default_size: nothing counted here
     assert len(metrics["adaptive_lb.host.in_flight"]) == 2 * len(model.hosts)
     for name in (
         "adaptive_lb.host.window_requests",
