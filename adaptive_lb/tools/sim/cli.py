@@ -32,6 +32,7 @@ from adaptive_lb.tools.sim.report import (
     check_targets,
     format_markdown,
     format_table,
+    format_tally,
     to_json,
     write_plots,
 )
@@ -283,6 +284,8 @@ def _run(scenarios: list[Scenario], args: argparse.Namespace) -> int:
         print(note, file=sys.stderr)
     # Standard output is the JSON document alone with --json: the listing goes to stderr.
     print(format_written(written), file=sys.stderr if args.json else sys.stdout)
+    # Last, where a reader looks: every missed target by name.
+    print(format_tally(reports), file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

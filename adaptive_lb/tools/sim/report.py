@@ -23,6 +23,7 @@ __all__ = [
     "TargetCheck",
     "check_targets",
     "format_table",
+    "format_tally",
     "to_json",
     "write_plots",
 ]
@@ -52,6 +53,16 @@ def format_table(report: ScenarioReport) -> str:
             f"{s['cross_zone'] * 100:>6.1f}% {_pct(s['faulted']):>8} "
             f"{s['max_mean_host']:>8.2f} {failed * 100:>6.2f}%"
         )
+    return "\n".join(lines)
+
+
+def format_tally(reports: Sequence[ScenarioReport]) -> str:
+    """The closing tally of a run: targets met and missed, each miss named (scenario,
+    target, figure), so that a miss is not buried in the tables above."""
+    checks = [check for report in reports for check in check_targets(report)]
+    missed = [check for check in checks if not check.met]
+    lines = [f"targets: {len(checks) - len(missed)} met, {len(missed)} missed of {len(checks)}"]
+    lines.extend(f"  MISSED {c.scenario}: {c.target}: {c.detail}" for c in missed)
     return "\n".join(lines)
 
 

@@ -69,7 +69,14 @@ DEFAULT_LATENCY_US: dict[str, dict[str, float]] = {
 
 CONSISTENCY_LEVELS = ("ONE", "LOCAL_ONE", "LOCAL_QUORUM")
 FAULT_KINDS = ("slow", "pause", "down", "errors", "timeouts", "busy", "load")
-DEFAULT_POLICIES = ("token-aware", "round-robin", "adaptive", "latency-aware", "slow-replica")
+DEFAULT_POLICIES = (
+    "token-aware",
+    "round-robin",
+    "adaptive",
+    "latency-aware",
+    "slow-replica",
+    "p2c",
+)
 """Policies a scenario compares unless it lists its own."""
 POLICY_NAMES = (*DEFAULT_POLICIES, "adaptive-unset")
 """Policies the simulator knows (see :mod:`adaptive_lb.tools.sim.policies`)."""

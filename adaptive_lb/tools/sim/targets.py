@@ -105,7 +105,7 @@ def check_targets(report: ScenarioReport) -> list[TargetCheck]:
 
 def _issue_6(report: ScenarioReport, a: dict[str, Any], add: _Add) -> None:
     name = report.scenario.name
-    for baseline in ("latency-aware", "slow-replica"):
+    for baseline in ("latency-aware", "slow-replica", "p2c"):
         other = report.by_policy(baseline)
         if other is not None:
             o = other.summary
