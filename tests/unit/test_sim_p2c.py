@@ -58,7 +58,7 @@ def test_peak_ewma_takes_a_slower_answer_at_once_and_decays_over_its_decay_time(
 
 def test_cost_is_latency_times_outstanding_plus_one_and_unmeasured_pending_is_penalised():
     a, b = object(), object()
-    policy, clock = p2c([a, b], 2)
+    policy, _ = p2c([a, b], 2)
     assert policy.cost(a) == 0.0  # nothing measured, nothing outstanding: tried first
     policy.sent(a)
     assert policy.cost(a) == PENALTY + 1
@@ -70,7 +70,7 @@ def test_cost_is_latency_times_outstanding_plus_one_and_unmeasured_pending_is_pe
 
 def test_two_choices_among_the_replicas_the_cheaper_first_the_rest_after():
     hosts = [SimpleNamespace(name=n) for n in "abcd"]
-    policy, clock = p2c(hosts, 3)
+    policy, _ = p2c(hosts, 3)
     for host, latency in zip(hosts[:3], (1, 9, 9), strict=True):
         policy.sent(host)
         policy.success(host, latency * MS)
