@@ -44,6 +44,7 @@ from adaptive_lb.tools.sim.tracing import TraceSpec
 __all__ = [
     "DEMO_SCENARIOS",
     "FLEET_SCENARIOS",
+    "LARGE_FLEETS",
     "add_subcommands",
     "main",
     "run_demo",
@@ -89,6 +90,8 @@ FLEET_SCENARIOS = (
 )
 """Issue 34's fleets (hundreds of clients, each with its own policy objects): opt-in
 (``adaptive-lb demo --fleet``, or ``--scenario NAME``), for they take minutes."""
+LARGE_FLEETS = ("fleet-500x30",)
+"""Fleets too large for ``--fleet`` (tens of minutes): ``--scenario NAME`` only."""
 
 
 def _common(parser: argparse.ArgumentParser, default_out: str) -> None:
@@ -167,10 +170,10 @@ def add_subcommands(subparsers: Any) -> None:
     demo.add_argument(
         "--scenario",
         action="append",
-        choices=DEMO_SCENARIOS + FLEET_SCENARIOS,
+        choices=DEMO_SCENARIOS + FLEET_SCENARIOS + LARGE_FLEETS,
         metavar="NAME",
-        help=f"run only this scenario, repeatable: {', '.join(DEMO_SCENARIOS + FLEET_SCENARIOS)} "
-        "(default: the default set)",
+        help="run only this scenario, repeatable: "
+        f"{', '.join(DEMO_SCENARIOS + FLEET_SCENARIOS + LARGE_FLEETS)} (default: the default set)",
     )
     demo.add_argument(
         "--fleet",

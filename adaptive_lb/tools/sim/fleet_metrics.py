@@ -42,6 +42,9 @@ ALTERNATION_S = 10.0
 SWING = 0.25
 SETTLE_S = 30.0
 """How long after its fault starts the degraded node's load is compared with its capacity."""
+MOVED_WINDOW_S = 5
+"""The degraded node's traffic has *moved* from the first second on which this many seconds
+load it at most :data:`SWING` above its share of capacity."""
 
 
 def capacity_shares(scenario: Any, names: list[str], seconds: range) -> list[list[float]]:
@@ -129,6 +132,13 @@ def alternations(counts: list[list[int]], caps: list[list[float]]) -> int:
     return swings
 
 
+def _ratio(rows: list[list[int]], caps: list[list[float]], j: int) -> float | None:
+    """Node ``j``'s attempts in ``rows`` over its fair share of them."""
+    got = sum(row[j] for row in rows)
+    expected = sum(sum(row) * cap[j] / sum(cap) for row, cap in zip(rows, caps, strict=True))
+    return got / expected if expected else None
+
+
 def _degraded(
     scenario: Any, names: list[str], counts: list[list[int]], caps: list[list[float]], first: int
 ) -> dict[str, Any] | None:
@@ -136,15 +146,20 @@ def _degraded(
     if fault is None or fault.node not in names:
         return None
     j = names.index(fault.node)
-    start = math.ceil(fault.start + SETTLE_S) - first
-    got = expected = 0.0
-    for row, cap in zip(counts[max(0, start) :], caps[max(0, start) :], strict=True):
-        got += row[j]
-        expected += sum(row) * cap[j] / sum(cap)
+    start = max(0, math.ceil(fault.start + SETTLE_S) - first)
+    ratio = _ratio(counts[start:], caps[start:], j)
+    moved = None  # the first second from which 5 s are within SWING of its share
+    begin = max(0, math.ceil(fault.start) - first)
+    for k in range(begin, len(counts) - MOVED_WINDOW_S + 1):
+        window = _ratio(counts[k : k + MOVED_WINDOW_S], caps[k : k + MOVED_WINDOW_S], j)
+        if window is not None and window <= 1.0 + SWING:
+            moved = k + first - fault.start
+            break
     return {
         "node": fault.node,
         "after_s": fault.start + SETTLE_S,
-        "load_over_capacity": round(got / expected, 3) if expected else None,
+        "load_over_capacity": None if ratio is None else round(ratio, 3),
+        "moved_after_s": moved,
     }
 
 

@@ -7,8 +7,9 @@ The targets, from issue 34, checked where their scenario ran:
   :data:`PEER_FACTOR` x the best other policy's and at most :data:`HEALTHY_FACTOR` x its
   own in ``fleet-healthy`` (the same fleet with no fault, when it ran too); the degraded
   node loaded within :data:`DEGRADED_TOLERANCE` of its share of capacity 30 s after the
-  fault; no alternation; its per-node 1 s coefficient of variation no worse than stock
-  token-aware routing's.
+  fault, and its traffic moved within :data:`MOVED_WITHIN_S` (issue 34: "a node's queue
+  still moves the fleet's traffic within 10 s"); no alternation; its per-node 1 s
+  coefficient of variation no worse than stock token-aware routing's.
 * ``fleet-size-*``: the server-load reads and probes a node receives a second from the whole
   fleet at most :data:`OWN_PER_NODE_S` (the busiest node's mean); in ``fleet-size-1000``,
   the stalled node at most :data:`STALL_PROBES_S` probes in any second.
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEGRADED_TOLERANCE",
     "HEALTHY_FACTOR",
+    "MOVED_WITHIN_S",
     "OWN_PER_NODE_S",
     "PEER_FACTOR",
     "STALL_PROBES_S",
@@ -42,6 +44,7 @@ HEALTHY_FACTOR = 1.3
 DEGRADED_TOLERANCE = 0.2
 OWN_PER_NODE_S = 20.0
 STALL_PROBES_S = 20
+MOVED_WITHIN_S = 10.0
 _Add = Callable[[str, bool, str], None]
 
 
@@ -129,6 +132,12 @@ def _half_capacity(
         f"degraded node's load within {DEGRADED_TOLERANCE:.0%} of its share of capacity after 30 s",
         ratio is not None and abs(ratio - 1.0) <= DEGRADED_TOLERANCE,
         "no measure" if ratio is None else f"{ratio:.2f} x its share",
+    )
+    moved = (fleet.get("degraded") or {}).get("moved_after_s")
+    add(
+        f"the degraded node's traffic moves within {MOVED_WITHIN_S:g} s",
+        moved is not None and moved <= MOVED_WITHIN_S,
+        "never" if moved is None else f"after {moved:g} s",
     )
     add("no alternations", fleet["alternations"] == 0, f"{fleet['alternations']}")
     stock = report.by_policy("token-aware")
