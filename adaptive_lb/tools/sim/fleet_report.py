@@ -3,9 +3,10 @@ scenario prints (:mod:`adaptive_lb.tools.sim.report`).
 
 The targets, from issue 34, checked where their scenario ran:
 
-* ``fleet-half-capacity`` (one node loses half its capacity): adaptive-lb's p99 at most
-  :data:`PEER_FACTOR` x the best other policy's and at most :data:`HEALTHY_FACTOR` x its
-  own in ``fleet-healthy`` (the same fleet with no fault, when it ran too); the degraded
+* ``fleet-half-capacity`` and ``fleet-500x30`` (one node loses half its capacity):
+  adaptive-lb's p99 at most :data:`PEER_FACTOR` x the best other policy's and at most
+  :data:`HEALTHY_FACTOR` x its own in the same fleet with no fault (``fleet-healthy``,
+  when it ran too: :data:`HALF_CAPACITY`); the degraded
   node loaded within :data:`DEGRADED_TOLERANCE` of its share of capacity 30 s after the
   fault, and its traffic moved within :data:`MOVED_WITHIN_S` (issue 34: "a node's queue
   still moves the fleet's traffic within 10 s"); no alternation; its per-node 1 s
@@ -14,8 +15,7 @@ The targets, from issue 34, checked where their scenario ran:
   fleet at most :data:`OWN_PER_NODE_S` (the busiest node's mean); in ``fleet-size-1000``,
   the stalled node at most :data:`STALL_PROBES_S` probes in any second.
 
-Imports the simulator's fleet metrics and (for types) its metrics only; matplotlib on first
-use.
+Imports (for types) the simulator's metrics only; matplotlib is given to the plots.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEGRADED_TOLERANCE",
+    "HALF_CAPACITY",
     "HEALTHY_FACTOR",
     "MOVED_WITHIN_S",
     "OWN_PER_NODE_S",
@@ -45,6 +46,8 @@ DEGRADED_TOLERANCE = 0.2
 OWN_PER_NODE_S = 20.0
 STALL_PROBES_S = 20
 MOVED_WITHIN_S = 10.0
+HALF_CAPACITY = {"fleet-half-capacity": "fleet-healthy", "fleet-500x30": None}
+"""The fleets with a node at half capacity, and the same fleet without (None: not run)."""
 _Add = Callable[[str, bool, str], None]
 
 
@@ -87,7 +90,7 @@ def check_fleet(report: ScenarioReport, reports: Sequence[ScenarioReport], add: 
     if adaptive is None or "fleet" not in adaptive.summary:
         return
     a, fleet = adaptive.summary, adaptive.summary["fleet"]
-    if name == "fleet-half-capacity":
+    if name in HALF_CAPACITY:
         _half_capacity(report, reports, a, add)
     if name.startswith("fleet-size-"):
         own = fleet["own"]["reads_probes"]["per_node_s"]
@@ -117,7 +120,8 @@ def _half_capacity(
             a["p99_ms"] <= bound,
             f"{a['p99_ms']:.3f} vs {best.summary['p99_ms']:.3f} ms ({best.label})",
         )
-    healthy = next((r for r in reports if r.scenario.name == "fleet-healthy"), None)
+    same = HALF_CAPACITY[report.scenario.name]
+    healthy = next((r for r in reports if r.scenario.name == same), None)
     reference = healthy.by_policy("adaptive") if healthy is not None else None
     if reference is not None:
         p99 = reference.summary["p99_ms"]
