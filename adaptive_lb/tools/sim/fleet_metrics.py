@@ -36,7 +36,14 @@ from adaptive_lb.tools.sim.background import capacity
 from adaptive_lb.tools.sim.engine import NS_PER_S
 from adaptive_lb.tools.sim.faults import fault_windows
 
-__all__ = ["ALTERNATION_S", "SETTLE_S", "SWING", "capacity_shares", "fleet_summary"]
+__all__ = [
+    "ALTERNATION_S",
+    "SETTLE_S",
+    "SWING",
+    "capacity_shares",
+    "fleet_figures",
+    "fleet_summary",
+]
 
 ALTERNATION_S = 10.0
 SWING = 0.25
@@ -215,3 +222,19 @@ def fleet_summary(scenario: Any, recorder: Any, nodes: list[Any], local: list[in
         summary["stalled"] = stalled
     series = {"seconds": list(seconds), "nodes": names, "attempts": counts, "capacity": caps}
     return {"summary": summary, "series": series}
+
+
+def fleet_figures(
+    scenario: Any, recorder: Any, nodes: list[Any], clients: int, offered_rps: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A fleet run's summary (:func:`fleet_summary`'s, with the fleet's size, offered load
+    and utilization of the clients' datacenter) and its per-second series."""
+    local = [i for i, node in enumerate(nodes) if node.datacenter == scenario.client_datacenter]
+    fleet = fleet_summary(scenario, recorder, nodes, local)
+    summary = {
+        "clients": clients,
+        "offered_rps": round(offered_rps, 1),
+        "utilization": round(offered_rps / (capacity(scenario.nodes) * len(local)), 3),
+        **fleet["summary"],
+    }
+    return summary, fleet["series"]

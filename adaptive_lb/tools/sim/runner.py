@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from adaptive_lb.clock import ManualClock
-from adaptive_lb.tools.sim.background import capacity, install_background
+from adaptive_lb.tools.sim.background import install_background
 from adaptive_lb.tools.sim.client_pauses import client_pauses, pause_summary, schedule_tick
 from adaptive_lb.tools.sim.driver_side import attach_driver_side
 from adaptive_lb.tools.sim.driver_topology import (
@@ -36,7 +36,7 @@ from adaptive_lb.tools.sim.engine import NS_PER_S, Engine
 from adaptive_lb.tools.sim.faults import install_faults
 from adaptive_lb.tools.sim.fleet import client_rates, clients_per_zone
 from adaptive_lb.tools.sim.fleet_load import FleetGenerator
-from adaptive_lb.tools.sim.fleet_metrics import fleet_summary
+from adaptive_lb.tools.sim.fleet_metrics import fleet_figures
 from adaptive_lb.tools.sim.metrics import PolicyResult, Recorder
 from adaptive_lb.tools.sim.network import Network
 from adaptive_lb.tools.sim.node import Node
@@ -247,7 +247,6 @@ def _run_policy(
     install_faults(scenario, engine, sim.servers, notify_down, notify_up)
     install_background(scenario, engine, sim.nodes, lambda name: _rng(seed, f"load:{name}"))
     keys = KeyChooser(scenario.workload.keys, _rng(seed, "keys"))
-    rates: list[float] = []
     generator: LoadGenerator
     if not scenario.is_fleet:
         generator = LoadGenerator(scenario, engine, clients, keys, _rng(seed, "workload"))
@@ -268,17 +267,11 @@ def _run_policy(
         settled_after=scenario.settled_after,
         local_racks=local_racks or None,
     )
-    if scenario.is_fleet:
-        local = [i for i, node in enumerate(sim.nodes) if node.datacenter == datacenter]
-        fleet = fleet_summary(scenario, recorder, sim.nodes, local)
-        offered = sum(rates)
-        result.summary["fleet"] = {
-            "clients": len(clients),
-            "offered_rps": round(offered, 1),
-            "utilization": round(offered / (capacity(scenario.nodes) * len(local)), 3),
-            **fleet["summary"],
-        }
-        result.fleet_series = fleet["series"]
+    if isinstance(generator, FleetGenerator):
+        fleet = (len(generator.clients), generator.rates.total)
+        result.summary["fleet"], result.fleet_series = fleet_figures(
+            scenario, recorder, sim.nodes, *fleet
+        )
     paused = [client.pauses for client in clients if client.pauses is not None]
     if paused:
         result.summary["client_pauses"] = pause_summary(paused, engine.now)
