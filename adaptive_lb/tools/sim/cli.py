@@ -91,7 +91,7 @@ FLEET_SCENARIOS = (
 """Issue 34's fleets (hundreds of clients, each with its own policy objects): opt-in
 (``adaptive-lb demo --fleet``, or ``--scenario NAME``), for they take minutes."""
 LARGE_FLEETS = ("fleet-500x30",)
-"""Fleets too large for ``--fleet`` (tens of minutes): ``--scenario NAME`` only."""
+"""Fleets too large for ``--fleet`` (8 minutes of their own): ``--scenario NAME`` only."""
 
 
 def _common(parser: argparse.ArgumentParser, default_out: str) -> None:
