@@ -211,7 +211,9 @@ def test_demo_reports_plotting_and_lists_the_files_it_wrote(tmp_path, monkeypatc
         out / "local-one-latency-cdf.png",
         out / "local-one-traffic.png",
     ]
-    assert captured.out.endswith(format_written(expected) + "\n")
+    # The listing, then the tally of targets closes the output.
+    listing, _, tally = captured.out.rpartition(format_written(expected) + "\n")
+    assert listing and tally.startswith("targets: ") and tally.endswith("\n")
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / out).iterdir()) == sorted(expected)
     assert all((tmp_path / p).stat().st_size > 0 for p in expected)
     progress = captured.err.splitlines()
@@ -224,10 +226,10 @@ def test_demo_with_json_keeps_stdout_for_the_document(tmp_path, capsys) -> None:
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out) == json.loads((tmp_path / "results.json").read_text())
-    # The listing goes to stderr, alone (no progress lines with --quiet).
-    assert (
-        captured.err == format_written([tmp_path / "results.json", tmp_path / "results.md"]) + "\n"
-    )
+    # The listing and the tally go to stderr, alone (no progress lines with --quiet).
+    written = format_written([tmp_path / "results.json", tmp_path / "results.md"]) + "\n"
+    assert captured.err.startswith(written)
+    assert captured.err[len(written) :].startswith("targets: ")
 
 
 def test_format_written() -> None:

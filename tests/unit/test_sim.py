@@ -254,7 +254,7 @@ def test_scenario_files_are_read_like_the_config_file(tmp_path: Path) -> None:
         "faults[0].pause_s: must be < period_s (50), got 60 (line 6)",
         "faults[1].node: required (line 7)",
         "policies[1]: must be one of token-aware, round-robin, adaptive, latency-aware, "
-        "slow-replica, adaptive-unset, got 'nope' (line 8)",
+        "slow-replica, p2c, adaptive-unset, got 'nope' (line 8)",
         "adaptive_lb.health.outlier_factor: must be > 1, got 0.5 (line 10)",
         "adaptive_lb.tracing.otlp.headers: must be a mapping of strings to strings, got "
         "'Authorization': a list (value hidden) (line 11)",

@@ -38,12 +38,12 @@ from cassandra.policies import LoadBalancingPolicy
 
 from adaptive_lb.core.clock import Clock
 
-__all__ = ["LatencyAwarePolicy", "SlowReplicaAvoidancePolicy"]
+__all__ = ["BaselinePolicy", "LatencyAwarePolicy", "SlowReplicaAvoidancePolicy"]
 
 _NS = 1_000_000_000
 
 
-class _BaselinePolicy(LoadBalancingPolicy):
+class BaselinePolicy(LoadBalancingPolicy):
     """A baseline policy: delegates the driver contract to a child; subclasses reorder its
     plan."""
 
@@ -76,7 +76,7 @@ class _BaselinePolicy(LoadBalancingPolicy):
         self.child.check_supported()
 
 
-class LatencyAwarePolicy(_BaselinePolicy):
+class LatencyAwarePolicy(BaselinePolicy):
     """Time-decayed latency average per host; slow hosts moved to the end of the plan."""
 
     def __init__(
@@ -171,7 +171,7 @@ class LatencyAwarePolicy(_BaselinePolicy):
         yield from skipped
 
 
-class SlowReplicaAvoidancePolicy(_BaselinePolicy):
+class SlowReplicaAvoidancePolicy(BaselinePolicy):
     """The Java driver 4 default policy's replica ordering (see the module docstring)."""
 
     MIN_IN_FLIGHT = 10

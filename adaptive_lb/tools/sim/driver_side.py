@@ -75,6 +75,7 @@ class SimProber(OwnRequests):
     docstring. ``zone`` is the client's, ``pools`` its :class:`PoolCounts`."""
 
     failed = FAILED
+    kind = "probe"
 
     def send(self, order: ProbeOrder) -> None:
         """Send the probe ``order`` asks for (what :class:`adaptive_lb.runtime.prober.Prober` does

@@ -51,6 +51,8 @@ class SimLoadReader(OwnRequests):
     :class:`~adaptive_lb.tools.sim.driver_side.PoolCounts`; ``thread_pools``: whether the nodes
     have the table."""
 
+    kind = "read"
+
     def __init__(
         self, policy: Any, zone: str, servers: SimulatedServers, pools: Any, thread_pools: bool
     ) -> None:

@@ -195,6 +195,9 @@ class PolicyResult:
     node_names: list[str] = field(factory=list)
     wall_s: float = 0.0
     """Wall-clock seconds the run took (not in the JSON: it is not deterministic)."""
+    fleet_series: dict[str, Any] | None = field(default=None, repr=False)
+    """A fleet run's per-second, per-node attempts and capacities (for the plots; see
+    :func:`~adaptive_lb.tools.sim.fleet_metrics.fleet_summary`)."""
 
     @classmethod
     def build(

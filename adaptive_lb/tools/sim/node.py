@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from adaptive_lb.tools.sim.engine import Engine
+from adaptive_lb.tools.sim.engine import NS_PER_S, Engine
 from adaptive_lb.tools.sim.network import NS_PER_US
 from adaptive_lb.tools.sim.scenario import NodesSpec
 
@@ -63,6 +63,7 @@ class Node:
         "max_queue",
         "mu",
         "name",
+        "own_requests",
         "pauses",
         "queue",
         "reads",
@@ -122,6 +123,9 @@ class Node:
         self.tasks_done = 0
         self.reads = 0
         """Replica reads served for measured requests."""
+        self.own_requests: dict[str, list[int]] = {}
+        """adaptive-lb's own requests (server-load reads, probes) received, by kind: a
+        count per second of the run (:meth:`count_own`)."""
         self.coordinating: dict[int, Any] = {}
         """Attempts this node coordinates and has not answered yet (by ``id``)."""
         # Fault windows, [start, end) in ns.
@@ -133,6 +137,15 @@ class Node:
         self.drops: list[tuple[int, int, float]] = []
         self.fault_windows: list[tuple[int, int]] = []
         """When a fault is active on this node (for the 'touched the faulted node' count)."""
+
+    def count_own(self, kind: str, now: int) -> None:
+        """One of adaptive-lb's own requests of ``kind`` (``read``, ``probe``) was sent to
+        this node at ``now``."""
+        per_second = self.own_requests.setdefault(kind, [])
+        second = now // NS_PER_S
+        if second >= len(per_second):
+            per_second.extend([0] * (second + 1 - len(per_second)))
+        per_second[second] += 1
 
     # ------------------------------------------------------------------ faults
 

@@ -49,6 +49,8 @@ class OwnRequests:
     :meth:`end`."""
 
     failed: Any = None
+    kind = "own"
+    """What the node counts it as (:meth:`~adaptive_lb.tools.sim.node.Node.count_own`)."""
 
     def __init__(self, policy: Any, zone: str, servers: SimulatedServers, pools: Any) -> None:
         self.policy = policy
@@ -86,6 +88,7 @@ class OwnRequests:
         self.sent += 1
         node = self.servers.node_of(key)
         engine = self.engine
+        node.count_own(self.kind, engine.now)
         trip = Trip(node, record, note)
         self.pools.sent(node.host)
         engine.at(engine.now + round(timeout_s * NS_PER_S), self._timed_out, trip)

@@ -20,10 +20,13 @@ name                      policy objects (one set per simulated client)
                           (C++ / Rust drivers) around ``TokenAware(DCAware)``
 ``slow-replica``          :class:`~adaptive_lb.tools.sim.baselines.SlowReplicaAvoidancePolicy`
                           (Java driver 4) around ``TokenAware(DCAware)``
+``p2c``                   :class:`~adaptive_lb.tools.sim.p2c.PeakEwmaP2CPolicy`
+                          (Finagle / Linkerd: power of two choices over peak-EWMA
+                          cost) around ``TokenAware(DCAware)``
 ========================  ==========================================================
 
 May import the library's policy, config and clock, the driver's policies and the simulator's
-baselines.
+baselines and P2C.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from adaptive_lb.config import Config
 from adaptive_lb.core.clock import Clock
 from adaptive_lb.runtime.policy import AdaptiveLoadBalancingPolicy
 from adaptive_lb.tools.sim.baselines import LatencyAwarePolicy, SlowReplicaAvoidancePolicy
+from adaptive_lb.tools.sim.p2c import PeakEwmaP2CPolicy
 
 __all__ = ["LABELS", "AdaptiveFeedback", "NoFeedback", "PolicyKit", "build_policy"]
 
@@ -50,6 +54,7 @@ LABELS = {
     "adaptive-unset": "adaptive-lb, rack unset",
     "latency-aware": "latency-aware (C++/Rust)",
     "slow-replica": "slow-replica (Java 4)",
+    "p2c": "P2C peak-EWMA (Finagle)",
 }
 """Short display names for tables and plots."""
 
@@ -153,5 +158,8 @@ def build_policy(
         return PolicyKit(name, policy, policy, tick_interval=policy.update_rate, tick=policy.tick)
     if name == "slow-replica":
         policy = SlowReplicaAvoidancePolicy(_token_aware(datacenter), clock, rng)
+        return PolicyKit(name, policy, policy)
+    if name == "p2c":
+        policy = PeakEwmaP2CPolicy(_token_aware(datacenter), clock, rng)
         return PolicyKit(name, policy, policy)
     raise ValueError(f"unknown policy {name!r}")

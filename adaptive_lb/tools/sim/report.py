@@ -4,7 +4,7 @@
 Plots need matplotlib (optional: ``pip install "adaptive-lb[demo]"``); without it
 :func:`write_plots` returns a note and writes nothing.
 
-Imports the simulator's faults, metrics and targets; matplotlib on first use.
+Imports the simulator's faults, fleet report, metrics and targets; matplotlib on first use.
 """
 
 from __future__ import annotations
@@ -15,6 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from adaptive_lb.tools.sim.faults import fault_windows
+from adaptive_lb.tools.sim.fleet_report import (
+    format_fleet_table,
+    write_fleet_plots,
+    write_sweep_plot,
+)
 from adaptive_lb.tools.sim.metrics import ScenarioReport
 from adaptive_lb.tools.sim.targets import TargetCheck, check_targets
 
@@ -23,8 +28,10 @@ __all__ = [
     "TargetCheck",
     "check_targets",
     "format_table",
+    "format_tally",
     "to_json",
     "write_plots",
+    "write_sweep",
 ]
 
 
@@ -52,6 +59,18 @@ def format_table(report: ScenarioReport) -> str:
             f"{s['cross_zone'] * 100:>6.1f}% {_pct(s['faulted']):>8} "
             f"{s['max_mean_host']:>8.2f} {failed * 100:>6.2f}%"
         )
+    if scenario.is_fleet:
+        lines.append(format_fleet_table(report))
+    return "\n".join(lines)
+
+
+def format_tally(reports: Sequence[ScenarioReport]) -> str:
+    """The closing tally of a run: targets met and missed, each miss named (scenario,
+    target, figure), so that a miss is not buried in the tables above."""
+    checks = [check for report in reports for check in check_targets(report, reports)]
+    missed = [check for check in checks if not check.met]
+    lines = [f"targets: {len(checks) - len(missed)} met, {len(missed)} missed of {len(checks)}"]
+    lines.extend(f"  MISSED {c.scenario}: {c.target}: {c.detail}" for c in missed)
     return "\n".join(lines)
 
 
@@ -89,7 +108,7 @@ def to_json(reports: Sequence[ScenarioReport]) -> str:
                 ],
                 "targets": [
                     {"target": c.target, "met": c.met, "detail": c.detail}
-                    for c in check_targets(report)
+                    for c in check_targets(report, reports)
                 ],
             }
         )
@@ -99,15 +118,30 @@ def to_json(reports: Sequence[ScenarioReport]) -> str:
 # ---------------------------------------------------------------------------- plots
 
 
-def write_plots(report: ScenarioReport, out: Path) -> list[Path] | str:
-    """Write ``<scenario>-latency-cdf.png`` and ``<scenario>-traffic.png`` to ``out``;
-    returns the paths, or a note when matplotlib is not installed."""
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, or None when it is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def write_sweep(reports: Sequence[ScenarioReport], out: Path) -> list[Path]:
+    """The plot of the fleet's own requests per node against its size, when the run had
+    ``fleet-size-*`` scenarios (and matplotlib is installed)."""
+    plt = _pyplot()
+    return [] if plt is None else write_sweep_plot(reports, out, plt)
+
+
+def write_plots(report: ScenarioReport, out: Path) -> list[Path] | str:
+    """Write ``<scenario>-latency-cdf.png`` and ``<scenario>-traffic.png`` to ``out``;
+    returns the paths, or a note when matplotlib is not installed."""
+    plt = _pyplot()
+    if plt is None:
         return 'matplotlib is not installed: no plots (pip install "adaptive-lb[demo]")'
     out.mkdir(parents=True, exist_ok=True)
     name = report.scenario.name
@@ -180,4 +214,4 @@ def write_plots(report: ScenarioReport, out: Path) -> list[Path] | str:
     fig.tight_layout()
     fig.savefig(paths[1], dpi=110)
     plt.close(fig)
-    return paths
+    return paths + write_fleet_plots(report, out, plt)

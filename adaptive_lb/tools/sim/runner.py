@@ -34,6 +34,9 @@ from adaptive_lb.tools.sim.driver_topology import (
 )
 from adaptive_lb.tools.sim.engine import NS_PER_S, Engine
 from adaptive_lb.tools.sim.faults import install_faults
+from adaptive_lb.tools.sim.fleet import client_rates, clients_per_zone
+from adaptive_lb.tools.sim.fleet_load import FleetGenerator
+from adaptive_lb.tools.sim.fleet_metrics import fleet_figures
 from adaptive_lb.tools.sim.metrics import PolicyResult, Recorder
 from adaptive_lb.tools.sim.network import Network
 from adaptive_lb.tools.sim.node import Node
@@ -189,8 +192,12 @@ def _run_policy(
     clients: list[Client] = []
     local_racks: dict[str, dict[str, Any]] = {}
     policy_rng = _rng(seed, f"policy-rng:{policy}")
-    for zone in scenario.client_zones:
-        for i in range(scenario.workload.clients_per_zone):
+    zones = scenario.client_zones
+    counts = [scenario.workload.clients_per_zone] * len(zones)
+    if scenario.is_fleet:
+        counts = clients_per_zone(scenario.fleet, len(zones))
+    for zone, count in zip(zones, counts, strict=True):
+        for i in range(count):
             kit = build_policy(
                 policy,
                 datacenter=datacenter,
@@ -239,13 +246,13 @@ def _run_policy(
 
     install_faults(scenario, engine, sim.servers, notify_down, notify_up)
     install_background(scenario, engine, sim.nodes, lambda name: _rng(seed, f"load:{name}"))
-    generator = LoadGenerator(
-        scenario,
-        engine,
-        clients,
-        KeyChooser(scenario.workload.keys, _rng(seed, "keys")),
-        _rng(seed, "workload"),
-    )
+    keys = KeyChooser(scenario.workload.keys, _rng(seed, "keys"))
+    generator: LoadGenerator
+    if not scenario.is_fleet:
+        generator = LoadGenerator(scenario, engine, clients, keys, _rng(seed, "workload"))
+    else:
+        rates = client_rates(scenario.fleet, len(zones), _rng(seed, "fleet-rates"))
+        generator = FleetGenerator(scenario, engine, clients, keys, _rng(seed, "workload"), rates)
     generator.start()
     horizon = scenario.max_duration + 2 * scenario.workload.request_timeout + 60.0
     engine.run(until_ns=round(horizon * NS_PER_S))
@@ -260,6 +267,11 @@ def _run_policy(
         settled_after=scenario.settled_after,
         local_racks=local_racks or None,
     )
+    if isinstance(generator, FleetGenerator):
+        fleet = (len(generator.clients), generator.rates.total)
+        result.summary["fleet"], result.fleet_series = fleet_figures(
+            scenario, recorder, sim.nodes, *fleet
+        )
     paused = [client.pauses for client in clients if client.pauses is not None]
     if paused:
         result.summary["client_pauses"] = pause_summary(paused, engine.now)
@@ -336,6 +348,15 @@ def _job(args: tuple[Scenario, str, int | None, int | None, TraceSpec | None]) -
     return run_policy(scenario, policy, seed=seed, requests=requests, trace=trace)
 
 
+def _fleet_cost(scenario: Scenario, policy: str) -> float:
+    """A fleet run's cost, roughly (0 for any other run): adaptive-lb's health refresh of
+    each client dominates."""
+    if not scenario.is_fleet:
+        return 0.0
+    weight = 20.0 if policy in ("adaptive", "adaptive-unset") else 1.0
+    return weight * scenario.fleet.clients * scenario.max_duration
+
+
 def run_many(
     jobs: Iterable[tuple[Scenario, str]],
     *,
@@ -354,10 +375,11 @@ def run_many(
     os.environ["PYTHONHASHSEED"] = _HASH_SEED
     try:
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            # Longest first would balance better, but job order keeps output stable.
+            # Fleets' adaptive runs first (minutes each, the rest seconds): the workers
+            # finish together. Results stay in job order.
+            order = sorted(range(len(jobs)), key=lambda i: -_fleet_cost(*jobs[i]))
             futures = {
-                pool.submit(_job, (scenario, policy, seed, requests, trace)): i
-                for i, (scenario, policy) in enumerate(jobs)
+                pool.submit(_job, (jobs[i][0], jobs[i][1], seed, requests, trace)): i for i in order
             }
             results: list[PolicyResult | None] = [None] * len(jobs)
             for future in concurrent.futures.as_completed(futures):

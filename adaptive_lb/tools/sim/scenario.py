@@ -20,7 +20,7 @@ Zones are the driver's racks (a host's ``rack`` is its zone name). Nodes are nam
 ``ZONE/INDEX`` (``A/0`` is the first node of zone A). Times are virtual seconds from the
 start of the run, latencies microseconds (``_us``) or milliseconds (``_ms``).
 
-Imports attrs, the config's toolkit and :mod:`~adaptive_lb.tools.sim.scenario_checks` only.
+Imports attrs, the config's toolkit and the simulator's scenario checks and fleet only.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from adaptive_lb.config.loader import load_document
 from adaptive_lb.config.safe_yaml import read_text
 from adaptive_lb.config.structure import structure
 from adaptive_lb.tools.sim import scenario_checks
+from adaptive_lb.tools.sim.fleet import FleetSpec
 
 __all__ = [
     "CONSISTENCY_LEVELS",
@@ -69,7 +70,14 @@ DEFAULT_LATENCY_US: dict[str, dict[str, float]] = {
 
 CONSISTENCY_LEVELS = ("ONE", "LOCAL_ONE", "LOCAL_QUORUM")
 FAULT_KINDS = ("slow", "pause", "down", "errors", "timeouts", "busy", "load")
-DEFAULT_POLICIES = ("token-aware", "round-robin", "adaptive", "latency-aware", "slow-replica")
+DEFAULT_POLICIES = (
+    "token-aware",
+    "round-robin",
+    "adaptive",
+    "latency-aware",
+    "slow-replica",
+    "p2c",
+)
 """Policies a scenario compares unless it lists its own."""
 POLICY_NAMES = (*DEFAULT_POLICIES, "adaptive-unset")
 """Policies the simulator knows (see :mod:`adaptive_lb.tools.sim.policies`)."""
@@ -273,6 +281,10 @@ class Scenario:
     faults: list[FaultSpec] = field(factory=list, metadata={"list_of": FaultSpec})
     client_pauses: ClientPausesSpec = field(factory=ClientPausesSpec)
     """The clients' own pauses (none by default)."""
+    fleet: FleetSpec = field(factory=FleetSpec)
+    """A fleet of clients with rates of their own (:mod:`~adaptive_lb.tools.sim.fleet`),
+    instead of ``workload.clients_per_zone`` clients sharing ``workload.rate``, when
+    ``fleet.clients`` is set."""
     policies: list[str] = field(
         factory=lambda: list(DEFAULT_POLICIES), validator=scenario_checks.names(POLICY_NAMES)
     )
@@ -281,6 +293,11 @@ class Scenario:
     reference: dict[str, float] | None = field(default=None, validator=scenario_checks.reference)
     """adaptive-lb's figures measured before (``{seed, requests, p50_ms, p95_ms, p99_ms}``):
     a run with that seed and request count checks it is no worse by more than 2 %."""
+
+    @property
+    def is_fleet(self) -> bool:
+        """Whether the clients are a fleet (``fleet.clients`` set)."""
+        return self.fleet.clients > 0
 
     @property
     def client_datacenter(self) -> str:

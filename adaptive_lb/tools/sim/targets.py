@@ -8,18 +8,20 @@ traffic): a slow node avoided from a few requests a second, no equal node avoide
 nodes sharing evenly, a stalled node found by active probes (few user requests caught in
 the stall), and a node busy with other clients' load left by the server's own view of its
 queues; and issue 32's (precision): a client pausing itself (GC, CPU steal) makes no host
-leave HEALTHY.
+leave HEALTHY; and issue 34's, a fleet's (:mod:`~adaptive_lb.tools.sim.fleet_report`).
 
-Imports attrs and (for types) the simulator's metrics only; never the report, which imports
-it.
+Imports attrs, the simulator's fleet report and (for types) its metrics only; never the
+report, which imports it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from attrs import define
+
+from adaptive_lb.tools.sim.fleet_report import check_fleet
 
 if TYPE_CHECKING:
     from adaptive_lb.tools.sim.metrics import PolicyResult, ScenarioReport
@@ -81,8 +83,12 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.2f}%"
 
 
-def check_targets(report: ScenarioReport) -> list[TargetCheck]:
-    """The targets that apply to this scenario (by its name and what it measured)."""
+def check_targets(
+    report: ScenarioReport, reports: Sequence[ScenarioReport] = ()
+) -> list[TargetCheck]:
+    """The targets that apply to this scenario (by its name and what it measured);
+    ``reports``: every report of the run, for targets that compare scenarios (a fleet's
+    with and without a degraded node)."""
     name = report.scenario.name
     checks: list[TargetCheck] = []
 
@@ -100,12 +106,14 @@ def check_targets(report: ScenarioReport) -> list[TargetCheck]:
             _busy_node(report, add)
     if name in NO_FALSE_VERDICTS:
         _no_false_verdicts(report, add)
+    if report.scenario.is_fleet:
+        check_fleet(report, reports, add)
     return checks
 
 
 def _issue_6(report: ScenarioReport, a: dict[str, Any], add: _Add) -> None:
     name = report.scenario.name
-    for baseline in ("latency-aware", "slow-replica"):
+    for baseline in ("latency-aware", "slow-replica", "p2c"):
         other = report.by_policy(baseline)
         if other is not None:
             o = other.summary
