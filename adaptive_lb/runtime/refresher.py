@@ -74,13 +74,15 @@ class HealthRefresh:
         the host's first read; None: the record's own draw (unseeded) stands."""
 
     def seed(self, rng: random.Random) -> None:
-        """Draw the probes' jitter and the server-load thresholds from ``rng``."""
+        """Draw the probes' jitter, the server-load thresholds and the clients-table reads'
+        moments from ``rng`` (before the first refresh)."""
         self.scheduler = ProbeScheduler(rng)
         # Streams of their own, derived without drawing from ``rng``: the probes' jitter
         # stays what it was without server-load reads.
         state = repr(rng.getstate())
         self._load_rng = random.Random(state)
         self.pacer = FleetPacer(random.Random(f"{state}:fleet"))
+        self.fleet = FleetEstimate(random.Random(f"{state}:clients"))
         self._thresholds = random.Random(f"{state}:thresholds")
 
     def refresh(self) -> list[HealthTransition]:
@@ -152,6 +154,10 @@ class HealthRefresh:
         if read is None:
             return
         self._read_clients(local, now)
+        fleet = self.health.config.fleet
+        learning = fleet.size <= 0 < min(fleet.clients_interval, fleet.budget)
+        if learning and self.clients_reader is not None and not self.fleet.settled():
+            return  # its size unknown: a fleet started at once would read every node at once
         thresholds = self._thresholds
         binding = self.pacer.binding(config.interval)
         readable = (

@@ -25,6 +25,11 @@ fleet's total stays within ``health.fleet.budget`` per node per second:
   While it binds, a stalled or erroring host's slots are its probes' (the health refresh
   does not read it: the read would wait in the same stall).
 
+Until its first clients-table read has come back (within :data:`FIRST_CLIENTS_READ_S`
+and a round trip) a client reads no thread pools: a fleet started at once would otherwise
+read every node at the unpaced rate for those seconds (500 a second per node from 1,000
+clients), before any of them knows to space its reads. Probes are not held.
+
 What this costs the fleet: a node's queue reaches a client's score once per period, not
 every ``server_load.interval``; a returning stalled node is probed by a spread of clients,
 each once per period, and is back in use by each client when its own probe answers.
@@ -216,6 +221,12 @@ class FleetEstimate:
                 return
             self.learned, self.learned_ns = count, now_ns
             self.source = query.rsplit(" ", 1)[-1]
+
+    def settled(self) -> bool:
+        """Whether the first clients-table read has come back: answered, failed, or both
+        tables absent (until then the fleet's size is unknown)."""
+        with self._lock:
+            return self.learned is not None or self.failed > 0 or self._absent >= set(_QUERIES)
 
     def after_fork(self) -> None:
         """In a forked child: a read in flight was the parent's, its answer never comes

@@ -22,6 +22,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy, instrument
 from adaptive_lb.config import ServerLoadConfig
+from adaptive_lb.stats.fleet import FIRST_CLIENTS_READ_S
 from adaptive_lb.stats.server_load import WATCHED_POOLS
 from adaptive_lb.tools.peers.connect import connect_driver
 from tests.integration.cassandra import CassandraCluster
@@ -132,9 +133,10 @@ def test_real_thread_pools_show_another_clients_load(table: CassandraCluster) ->
 def check_reads(policy: AdaptiveLoadBalancingPolicy, session: Any, stmt: Any) -> None:
     """Every node's pools are read; the scanned node's queue reaches this client's score."""
     views = {view.host.address: view for view in policy.topology.local}
-    assert wait_for(lambda: all(v.stats.load.answered for v in views.values()), 5.0), {
-        a: (v.stats.load.supported, v.stats.load.unsupported_reason) for a, v in views.items()
-    }
+    # The first reads wait for the fleet's size (its clients read, within FIRST_CLIENTS_READ_S).
+    assert wait_for(
+        lambda: all(v.stats.load.answered for v in views.values()), 5.0 + FIRST_CLIENTS_READ_S
+    ), {a: (v.stats.load.supported, v.stats.load.unsupported_reason) for a, v in views.items()}
     idle = {a: (v.stats.load.raw, v.stats.load.pool) for a, v in views.items()}
     rtt_ms = {a: round((v.stats.load.last_latency_s or 0) * 1000, 2) for a, v in views.items()}
     loaded = sorted(views)[2]  # not the contact point

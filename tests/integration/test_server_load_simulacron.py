@@ -23,8 +23,13 @@ from adaptive_lb.config import (
     ServerLoadConfig,
     TrackingConfig,
 )
+from adaptive_lb.stats.fleet import FIRST_CLIENTS_READ_S
 from adaptive_lb.stats.server_load import THREAD_POOLS_QUERY
 from tests.integration.simulacron import Simulacron
+
+FIRST_READ_S = 5.0 + FIRST_CLIENTS_READ_S
+"""How long the first thread-pools reads may take: they wait for the fleet's size (the first
+clients-table read comes within ``FIRST_CLIENTS_READ_S`` of attach)."""
 
 pytestmark = pytest.mark.integration
 
@@ -133,7 +138,7 @@ def by_address(policy: AdaptiveLoadBalancingPolicy) -> dict[str, Any]:
 def test_without_thread_pools_each_host_is_read_once_and_nothing_changes(driver_factory, nodes):
     policy, session, stmt = connect(driver_factory)
     stats = by_address(policy)
-    assert wait_for(lambda: all(s.load.supported is False for s in stats.values()), 5.0)
+    assert wait_for(lambda: all(s.load.supported is False for s in stats.values()), FIRST_READ_S)
     counts = run_load(session, stmt, 2.0)
     total = sum(counts.values())
     reads = [s.load.sent for s in stats.values()]
@@ -162,7 +167,9 @@ def test_a_node_that_reports_queueing_gets_less_traffic(simulacron, driver_facto
             simulacron.prime(THREAD_POOLS_QUERY, rows=rows, column_types=POOL_TYPES, scope=scope)
         policy, session, stmt = connect(driver_factory)
         stats = by_address(policy)
-        assert wait_for(lambda: stats[busy].server_load > 1.0, 5.0), stats[busy].load.supported
+        assert wait_for(lambda: stats[busy].server_load > 1.0, FIRST_READ_S), stats[
+            busy
+        ].load.supported
         counts = run_load(session, stmt, 3.0)
     finally:
         simulacron.clear_primes("dc1", cluster=CLUSTER)

@@ -36,7 +36,7 @@ from typing import Any
 
 from adaptive_lb.health.probes import ProbeOrder
 from adaptive_lb.stats.probe_record import ANSWERED, FAILED, TIMEOUT
-from adaptive_lb.tools.sim.load_reads import SimLoadReader
+from adaptive_lb.tools.sim.load_reads import SimClientsReader, SimLoadReader
 from adaptive_lb.tools.sim.own_requests import OwnRequests, Trip
 from adaptive_lb.tools.sim.servers import SimulatedServers
 
@@ -107,6 +107,7 @@ def attach_driver_side(
     rng: random.Random,
     thread_pools: bool | None = None,
     pauses: Any = None,
+    sessions: int | None = None,
 ) -> tuple[PoolCounts, SimProber]:
     """Give an adaptive ``policy`` of a client in ``zone`` what request tracking gives it
     in production: its in-flight source (the client's pools) and its probe sender, with a
@@ -114,7 +115,9 @@ def attach_driver_side(
     ``thread_pools`` not None, its server-load reads too
     (:class:`~adaptive_lb.tools.sim.load_reads.SimLoadReader`: the nodes have the table or not);
     with ``pauses`` (the client's :class:`~adaptive_lb.tools.sim.client_pauses.ClientPauses`),
-    their answers and timeouts wait for the client's pauses to end."""
+    their answers and timeouts wait for the client's pauses to end; with ``sessions``, its
+    clients-table reads too (:class:`~adaptive_lb.tools.sim.load_reads.SimClientsReader`:
+    every node lists that many sessions)."""
     pools = PoolCounts()
     policy.stats.add_in_flight_source(pools)
     prober = SimProber(policy, zone, servers, pools)
@@ -124,5 +127,12 @@ def attach_driver_side(
         reader = SimLoadReader(policy, zone, servers, pools, thread_pools)
         reader.pauses = pauses
         read_load = reader.read
-    policy.use_prober(prober.send, read_load=read_load, rng=rng)  # the same rules, seeded
+    read_clients = None
+    if sessions is not None:
+        clients_reader = SimClientsReader(policy, zone, servers, pools, sessions)
+        clients_reader.pauses = pauses
+        read_clients = clients_reader.read
+    policy.use_prober(
+        prober.send, read_load=read_load, rng=rng, read_clients=read_clients
+    )  # the same rules, seeded
     return pools, prober

@@ -13,25 +13,31 @@ and its queue (``pending_tasks``). A scenario whose nodes have no such table
 (``nodes.thread_pools: false``: ScyllaDB, Cassandra 3.x) answers the read with an
 InvalidRequest instead.
 
+:class:`SimClientsReader` answers the clients-table reads of
+:mod:`adaptive_lb.stats.fleet` likewise: a node lists one session per client of the
+scenario (each client has one connection to each node), and the count goes to the
+policy's :class:`~adaptive_lb.stats.fleet.FleetEstimate` as the prober's does.
+
 The rows then go where the prober's go: :func:`~adaptive_lb.stats.server_load.parse_pools` and
 :meth:`~adaptive_lb.stats.server_load.ServerLoadRecord.answer` (or ``fail``), and the policy's own
 health refresh turns them into the host's factor (:func:`~adaptive_lb.stats.server_load.publish`):
 the production code, nothing of it re-implemented here.
 
-Imports the library's :mod:`adaptive_lb.stats.server_load` and the simulator's own requests, nodes
-and servers only.
+Imports the library's :mod:`adaptive_lb.stats.server_load` and :mod:`adaptive_lb.stats.fleet`
+and the simulator's own requests, nodes and servers only.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from adaptive_lb.stats.fleet import ClientsOrder, FleetEstimate
 from adaptive_lb.stats.server_load import LoadOrder, ServerLoadRecord, parse_pools
 from adaptive_lb.tools.sim.node import Node
 from adaptive_lb.tools.sim.own_requests import OwnRequests, Trip
 from adaptive_lb.tools.sim.servers import SimulatedServers
 
-__all__ = ["NO_TABLE", "POOLS", "SimLoadReader", "thread_pools_rows"]
+__all__ = ["NO_TABLE", "POOLS", "SimClientsReader", "SimLoadReader", "thread_pools_rows"]
 
 POOLS = ("Native-Transport-Requests", "ReadStage")
 """The rows a simulated node reports: its one worker pool under both names."""
@@ -83,3 +89,35 @@ class SimLoadReader(OwnRequests):
 
     def expire(self, trip: Trip) -> None:
         trip.record.fail()
+
+
+class SimClientsReader(OwnRequests):
+    """Sends one client's clients-table reads (``policy.use_prober(...,
+    read_clients=reader.read)``); every node lists ``sessions`` sessions (the scenario's
+    clients)."""
+
+    kind = "read"
+
+    def __init__(
+        self, policy: Any, zone: str, servers: SimulatedServers, pools: Any, sessions: int
+    ) -> None:
+        super().__init__(policy, zone, servers, pools)
+        self.sessions = sessions
+
+    def read(self, order: ClientsOrder) -> None:
+        """Send the read ``order`` asks for (what the prober does through the driver)."""
+        estimate: FleetEstimate = self.policy.fleet
+        timeout_s = self.policy.config.health.server_load.timeout
+        self.dispatch(order.key, estimate, order.query, timeout_s)
+
+    def served(self, trip: Trip) -> Any:
+        return self.sessions
+
+    def end(self, trip: Trip, answer: Any) -> None:
+        if answer is None:
+            trip.record.fail(trip.note, absent=False)
+        else:
+            trip.record.answer(trip.note, answer, self.policy.now_ns())
+
+    def expire(self, trip: Trip) -> None:
+        trip.record.fail(trip.note, absent=False)

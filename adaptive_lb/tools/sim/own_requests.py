@@ -31,12 +31,12 @@ __all__ = ["OwnRequests", "Trip"]
 
 class Trip:
     """One of adaptive-lb's own requests on its way: its node, the record its outcome goes
-    to, and ``note``, a number the sender keeps with it (a probe's failure count at send,
-    a read's send time)."""
+    to, and ``note``, what the sender keeps with it (a probe's failure count at send, a
+    read's send time, a clients read's query)."""
 
     __slots__ = ("ended", "node", "note", "record")
 
-    def __init__(self, node: Node, record: Any, note: int) -> None:
+    def __init__(self, node: Node, record: Any, note: Any) -> None:
         self.node = node
         self.record = record
         self.note = note
@@ -83,7 +83,7 @@ class OwnRequests:
         """``trip`` timed out before any answer."""
         raise NotImplementedError
 
-    def dispatch(self, key: Any, record: Any, note: int, timeout_s: float) -> None:
+    def dispatch(self, key: Any, record: Any, note: Any, timeout_s: float) -> None:
         """Send a request to the node of host ``key``, ended after ``timeout_s``."""
         self.sent += 1
         node = self.servers.node_of(key)

@@ -222,7 +222,7 @@ def _run_policy(
             pauses_rng = _rng(seed, f"client-pauses:{client.name}")  # the same for every policy
             client.pauses = client_pauses(scenario.client_pauses, len(clients), pauses_rng)
             clients.append(client)
-            _wire_client(kit, client, scenario, sim, recorder, seed, local_racks)
+            _wire_client(kit, client, scenario, sim, recorder, seed, local_racks, sum(counts))
 
     def notify_down(host: Any) -> None:
         for kit in kits:
@@ -286,15 +286,25 @@ def _wire_client(
     recorder: Recorder,
     seed: int,
     local_racks: dict[str, dict[str, Any]],
+    sessions: int,
 ) -> None:
     """Give ``client`` production's driver side (adaptive-lb) and schedule its policy's
-    periodic tick (late after the client's own pauses), its verdicts recorded."""
+    periodic tick (late after the client's own pauses), its verdicts recorded. In a fleet
+    scenario the nodes answer the clients-table reads with the ``sessions`` clients (the
+    others leave them out: with a dozen clients the fleet's budget does not bind, and their
+    figures stay comparable with earlier runs)."""
     policy, zone, engine = kit.name, client.zone, sim.engine
     if isinstance(kit.feedback, AdaptiveFeedback):
         # Production's rules: in-flight from the pools, a sample tracked, probes.
         rng = _rng(seed, f"probes:{policy}:{client.name}")
         client.pools, _ = attach_driver_side(
-            kit.policy, zone, sim.servers, rng, scenario.nodes.thread_pools, client.pauses
+            kit.policy,
+            zone,
+            sim.servers,
+            rng,
+            scenario.nodes.thread_pools,
+            client.pauses,
+            sessions if scenario.is_fleet else None,
         )
         client.sampler = kit.policy.sampler
     if kit.tick is not None and kit.tick_interval:
