@@ -24,12 +24,25 @@ nearest one be learned from fresh numbers. Unhealthy hosts are not measured, and
 without a measured host leaves the verdict as it is: one slow local node (SLOW), a restart
 (down, then WARMING) or a GC pause (ERRORING) never flips it.
 
+:func:`rack_proximity` ranks the other racks: ``non_local_rack_penalty`` treats every rack
+but the client's own alike, but from zone A, zone C may be 250 µs away and zone B 800 µs;
+when the local replica is busy or unhealthy the request should go to the nearer remote
+replica. At each health refresh the median of each remote rack's hosts' p50 is compared
+with the lowest of those medians::
+
+    proximity(rack) = clamp(median(rack) / min over remote racks of median(rack'), 1, cap)
+
+and the rack factor of the score becomes ``non_local_rack_penalty x proximity``. A rack
+without enough samples keeps its previous factor (avoided racks get few requests;
+forgetting what was learned about them would send traffic back just to learn it again).
+
 Imports the config only.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Collection, Hashable, Mapping, Sequence
 
 from adaptive_lb.config import RackLearningConfig
@@ -40,6 +53,7 @@ __all__ = [
     "RackDistances",
     "RackKey",
     "RackLearner",
+    "rack_proximity",
     "resolve_local_rack",
 ]
 
@@ -256,3 +270,29 @@ class LocalRack:
             self.rack, self.source = str(self.learner.rack), "learned"
         else:
             self.rack, self.source = None, "unknown"
+
+
+def rack_proximity(
+    latencies: Mapping[Hashable, Sequence[float]],
+    previous: Mapping[Hashable, float],
+    cap: float,
+) -> dict[Hashable, float]:
+    """The proximity factor of each remote rack.
+
+    ``latencies`` maps a remote rack to the p50 latencies (seconds) of its hosts that have
+    enough samples; ``previous`` holds the factors of the last refresh. Returns a factor in
+    ``[1, cap]`` for every rack of ``latencies`` and of ``previous``. A rack with no
+    measured host keeps its previous factor (or 1); so does every rack when fewer than two
+    are measured (nothing to compare). ``cap`` <= 1 turns proximity off: every factor 1.
+    """
+    racks = {*latencies, *previous}
+    if cap <= 1.0:
+        return dict.fromkeys(racks, 1.0)
+    result = {rack: min(cap, max(1.0, previous.get(rack, 1.0))) for rack in racks}
+    medians = {rack: statistics.median(values) for rack, values in latencies.items() if values}
+    nearest = min(medians.values(), default=0.0)
+    if len(medians) < 2 or nearest <= 0.0:
+        return result  # nothing to compare with: keep what was learned
+    for rack, median in medians.items():
+        result[rack] = min(cap, max(1.0, median / nearest))
+    return result

@@ -5,12 +5,12 @@ virtual clock in simulation.
 Each refresh computes every known host's window once (percentiles are computed here, never
 per request), lets :class:`~adaptive_lb.health.model.HealthModel` judge each host against its
 true peers (its rack, else its datacenter corrected by distance), and re-weighs the remote
-racks of the local datacenter by their measured distance (:mod:`adaptive_lb.plan.proximity`),
-publishing each host's penalties on its :class:`~adaptive_lb.stats.host.HostStats` for the hot
-path to read.
+racks of the local datacenter by their measured distance
+(:func:`adaptive_lb.plan.locality.rack_proximity`), publishing each host's penalties on its
+:class:`~adaptive_lb.stats.host.HostStats` for the hot path to read.
 
-May import: the health row (health, probes, proximity) and the rows below it (topology,
-scoring, statistics, server load, fleet).
+May import: the health package (model, probes), the plan's locality and the packages below
+it (topology, scoring, statistics, server load, fleet).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 from adaptive_lb.health.model import HealthModel, HealthState, HealthTransition
 from adaptive_lb.health.probes import ProbeOrder, ProbeScheduler
-from adaptive_lb.plan.proximity import rack_proximity
+from adaptive_lb.plan.locality import rack_proximity
 from adaptive_lb.plan.scoring import HostView
 from adaptive_lb.plan.topology import TopologyBook
 from adaptive_lb.stats.fleet import ClientsOrder, FleetEstimate, FleetPacer, own_period_s

@@ -13,7 +13,7 @@ from adaptive_lb import AdaptiveLoadBalancingPolicy, Config
 from adaptive_lb.config import HealthConfig, PolicyConfig
 from adaptive_lb.core.clock import ManualClock
 from adaptive_lb.health.model import HealthState
-from adaptive_lb.plan.proximity import rack_proximity
+from adaptive_lb.plan.locality import rack_proximity
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 MS = 1_000_000
