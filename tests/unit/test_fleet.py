@@ -317,21 +317,9 @@ def test_a_thin_client_without_a_slot_still_detects_a_stall_and_takes_the_node_b
     pacer.resize(own_period_s(1000, 20.0), 0)  # 56 s between slots
 
     class Paced(Cluster):
-        def refresh(self) -> None:
-            self.clock.advance(200 * 1_000_000)
-            self.model.refresh(self.stats, dict.fromkeys(self.stats, "dc1"))
-            orders = self.scheduler.due(
-                ((key, stats, self.live[key]) for key, stats in self.stats.items()),
-                self.model.verdicts,
-                self.model.windows,
-                self.model.stalled,
-                self.clock.now_ns(),
-                self.config,
-            )
-            for order in orders:  # as the policy's refresh: a probe goes out with a slot
-                if pacer.take(order.key, self.clock.now_ns(), self.config.probe_interval):
-                    assert order.stats.probes.begin(self.clock.now_ns(), order.next_ns, "")
-                    self.sent.append((str(order.key), order.reason, self.clock.now_ns()))
+        def may_send(self, order: Any) -> bool:
+            # As the policy's refresh: a probe goes out only with a slot.
+            return pacer.take(order.key, self.clock.now_ns(), self.config.probe_interval)
 
     cluster = Paced()
     cluster.traffic(1.0)

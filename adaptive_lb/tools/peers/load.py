@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -68,6 +68,22 @@ class LoadResult:
         return ordered[index]
 
 
+@contextlib.contextmanager
+def _collector_paused(pause: bool) -> Iterator[None]:
+    """With ``pause``, the garbage collector collected then off for the block, then on and
+    collected again (a loop's measurements without the collector's pauses)."""
+    if not pause:
+        yield
+        return
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect()
+
+
 def closed_loop(
     session: Any,
     make_statement: Callable[[int], tuple[Any, Any]],
@@ -88,10 +104,7 @@ def closed_loop(
     pauses to the Python client's p99, noise that is not the cluster's), and collected after.
     ``progress(elapsed_seconds, completed_requests)`` is called about once a second.
     """
-    if disable_gc:
-        gc.collect()
-        gc.disable()
-    try:
+    with _collector_paused(disable_gc):
         return _closed_loop(
             session,
             make_statement,
@@ -101,10 +114,6 @@ def closed_loop(
             progress,
             request_context or contextlib.nullcontext,
         )
-    finally:
-        if disable_gc:
-            gc.enable()
-            gc.collect()
 
 
 def _closed_loop(
@@ -196,10 +205,7 @@ def open_loop(
     ``progress`` as in :func:`closed_loop`."""
     if not rate > 0:
         raise ValueError(f"rate: must be > 0, got {rate!r}")
-    if disable_gc:
-        gc.collect()
-        gc.disable()
-    try:
+    with _collector_paused(disable_gc):
         return _open_loop(
             session,
             make_statement,
@@ -210,10 +216,6 @@ def open_loop(
             progress,
             request_context or contextlib.nullcontext,
         )
-    finally:
-        if disable_gc:
-            gc.enable()
-            gc.collect()
 
 
 def _open_loop(
