@@ -54,6 +54,7 @@ health:
 """
 MASTER = """
 import json, os, sys, time, traceback
+from cassandra import OperationTimedOut
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 import adaptive_lb
 from adaptive_lb.config import parse_config
@@ -75,9 +76,14 @@ def work():
     adaptive_lb.attach(session)
     wait_for_pools(session, "dc1")
     statement = session.prepare(query)
-    learned, end, k, at_learn = None, time.time() + seconds, os.getpid(), {}
+    learned, end, k, at_learn, timeouts = None, time.time() + seconds, os.getpid(), {}, []
     while time.time() < end:
-        session.execute(statement, [k % 5000])
+        sent = time.time()
+        try:
+            session.execute(statement, [k % 5000])
+        except OperationTimedOut as error:  # sent to the stalled node as it stalled
+            hosts = sorted(str(h).rsplit(":", 1)[0] for h in (error.errors or {}))
+            timeouts.append([sent * 1000, hosts])
         k += 7
         if learned is None and policy.fleet_size_source != "default":
             learned, at_learn = time.time(), own(policy.snapshot())
@@ -93,6 +99,7 @@ def work():
         "source": snapshot.fleet_size_source,
         "errors": {k: v for k, v in snapshot.internal_errors_by_stage.items() if v},
         "factors": {h.address: h.server_load for h in snapshot.hosts},
+        "timeouts": timeouts,
     }
     os.write(1, (json.dumps(report) + "\\n").encode())
     cluster.shutdown()
@@ -209,6 +216,13 @@ def test_a_fleet_of_workers_reads_and_probes_each_node_within_the_budget(simulac
     log = simulacron.activity_log(cluster=CLUSTER)
 
     assert len(reports) == WORKERS
+    # A request sent to the third node as it stalls waits out the stall (5 s, the request
+    # timeout): the fault injected, not a fault of the fleet's reads. Nothing else times out.
+    stalled = nodes["dc1"][2]
+    timeouts = [t for r in reports for t in r["timeouts"]]
+    for sent_ms, hosts in timeouts:
+        assert hosts == [stalled] and marks["stall"] - 1000 <= sent_ms < marks["resume"], timeouts
+    print(f"\n  user requests timed out at the stall: {len(timeouts)}")
     assert [(r["fleet_size"], r["errors"]) for r in reports] == [(WORKERS, {})] * WORKERS
     assert {r["source"] for r in reports} == {"system_views.clients"}
     # Once every worker knows the fleet, until the first one stops.
@@ -239,7 +253,6 @@ def test_a_fleet_of_workers_reads_and_probes_each_node_within_the_budget(simulac
     # The queue still moves the fleet's traffic: the queued node gets under half a fair share.
     assert counted[(busy, "user")] < 0.5 * users / 3, counted
     # The stalled node: probed by a spread of workers, each at its own slots; back in use.
-    stalled = nodes["dc1"][2]
     assert marks["resume"] + 5000 < end_ms, (marks, end_ms)
     probes = [
         e["received_timestamp"]
