@@ -263,13 +263,14 @@ class Planner:
                     if record is not None:
                         record.lwt = True
                 elif replicas:
-                    best, best_score = best_replica(replicas)
                     fill: list[HostView[HostStats]] | None = None
                     first = False
                     if record is None:
                         # The best replica goes first, before the others are ordered, when
                         # no non-replica can beat it: none at all (the common case when
-                        # idle), or none of this plan's fill hosts (under load).
+                        # idle), or none of this plan's fill hosts (under load). A recorded
+                        # plan orders every candidate at once.
+                        best, best_score = best_replica(replicas)
                         first = (
                             best_score < settings.non_replica_penalty * topology.min_rack_penalty
                         )

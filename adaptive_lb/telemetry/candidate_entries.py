@@ -45,13 +45,13 @@ def candidate_entry(
     stats = view.stats
     in_flight = stats.in_flight
     penalty = penalty_of(view, scored_as_replica, non_replica_penalty)
-    health = stats.health_state
+    health = stats.health_state._value_  # a str: an Enum's hash is a Python call
     server_load = stats.server_load
     latency = stats.latency_factor
     key = (penalty, health, is_replica, server_load, latency)
     tail = _tails.get(key)
     if tail is None:
-        tail = _tail(penalty, health._value_, is_replica, server_load, latency)
+        tail = _tail(penalty, health, is_replica, server_load, latency)
         if len(_tails) >= _LIMIT:
             _tails.clear()
         _tails[key] = tail

@@ -174,23 +174,24 @@ def build_decision(
     keyspace = record.keyspace if record.keyspace is not None else working_keyspace
     # A bound statement computes its key: only when it may be recorded.
     routing_key = getattr(query, "routing_key", None) if routing_keys else None
+    # Positional, in field order: a named tuple's keywords cost twice as much.
     decision = Decision(
-        keyspace=keyspace,
-        lwt=record.lwt,
-        replica_count=len(replicas),
-        candidates="; ".join(entries),
-        chosen_address=str(chosen.address) if chosen is not None else None,
-        chosen_port=getattr(chosen.endpoint, "port", None) if chosen is not None else None,
-        position="fallback" if record.fallback else record.position,
-        cache_hit=record.cache_hit,
-        fallback=record.fallback,
-        config_hash=config_hash,
-        routing_key=routing_key,
-        local_rack=record.local_rack,
-        local_rack_source=record.local_rack_source,
-        enabled=record.enabled,
-        chosen=chosen_entry,
-        host=chosen,
+        keyspace,
+        record.lwt,
+        len(replicas),  # replica_count
+        "; ".join(entries),  # candidates
+        str(chosen.address) if chosen is not None else None,  # chosen_address
+        getattr(chosen.endpoint, "port", None) if chosen is not None else None,  # chosen_port
+        "fallback" if record.fallback else record.position,  # position
+        record.cache_hit,
+        record.fallback,
+        config_hash,
+        routing_key,
+        record.local_rack,
+        record.local_rack_source,
+        record.enabled,
+        chosen_entry,  # chosen
+        chosen,  # host
     )
     return decision, events
 
