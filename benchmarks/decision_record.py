@@ -14,7 +14,9 @@ interleaved rounds:
   (``tracing.mode: event``, what ``instrument`` alone does);
 * ``request``: what a request span gets with ``attach``: the plan hands its decision
   over, and the span starts with the decision's attributes (``DecisionRecorder.
-  request_attributes``, merged into its own as ``adaptive_lb.runtime.request_spans`` does).
+  request_attributes``, merged into its own as ``adaptive_lb.runtime.request_spans`` does);
+* ``brief``: the same with ``tracing.candidates_ratio: 0`` (the chosen host and why, no
+  candidate list: the plan an untraced request gets).
 
 Each cost is the median over rounds of (variant - plan) per request, with its
 interquartile range, and the ratio of the medians. Times are the timing thread's CPU time
@@ -43,11 +45,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb.config import Config
+from adaptive_lb.config import Config, TracingConfig
 from adaptive_lb.tools.cli import HelpFormatter
 from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
-VARIANTS = ("plan", "event", "request")
+VARIANTS = ("plan", "event", "request", "brief")
 
 
 class _Dropping(SpanExporter):
@@ -55,10 +57,11 @@ class _Dropping(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-def _policy(provider: Any, *, handoff: bool) -> tuple[Any, Any]:
+def _policy(provider: Any, *, handoff: bool, brief: bool = False) -> tuple[Any, Any]:
     model = build_cluster({"dc1": [3, 3, 3]}, real_cluster=False, seed=4)
+    config = Config(tracing=TracingConfig(candidates_ratio=0.0)) if brief else Config()
     policy = AdaptiveLoadBalancingPolicy(
-        TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")), Config(), tracer_provider=provider
+        TokenAwarePolicy(DCAwareRoundRobinPolicy("dc1")), config, tracer_provider=provider
     )
     policy.populate(model.cluster, model.metadata.all_hosts())
     for index, host in enumerate(model.hosts):  # some load to score
@@ -97,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     tracer = provider.get_tracer("benchmark")
     _, direct = _policy(provider, handoff=False)
     _, handing = _policy(provider, handoff=True)
+    _, briefing = _policy(provider, handoff=True, brief=True)
     statement = SimpleStatement(
         "SELECT v FROM ks.t WHERE k = ?",
         routing_key=murmur3_routing_keys(1, seed=9)[0],
@@ -130,7 +134,15 @@ def main(argv: list[str] | None = None) -> int:
         span = start_span("request", attributes=handing.decisions.request_attributes(pending))
         span.end()
 
-    runs = {"plan": plan, "event": event, "request": request}
+    def brief() -> None:
+        token = context.attach(not_recording)
+        next(iter(briefing.make_query_plan("ks", statement)))
+        context.detach(token)
+        pending = briefing.decisions.take(statement)
+        span = start_span("request", attributes=briefing.decisions.request_attributes(pending))
+        span.end()
+
+    runs = {"plan": plan, "event": event, "request": request, "brief": brief}
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for _ in range(args.rounds):
         for name in VARIANTS:

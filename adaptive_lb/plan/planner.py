@@ -110,8 +110,12 @@ class PlanSettings:
 
 @define(slots=True)
 class PlanRecord:
-    """What a decision was made of, filled by :meth:`Planner.plan` for traced plans only
-    (a recorded plan scores every candidate: no first-host shortcut)."""
+    """What a decision was made of, filled by :meth:`Planner.plan` for traced plans only.
+    A recorded plan scores every candidate (no first-host shortcut) unless :attr:`brief`."""
+
+    brief: bool = False
+    """Only the first host is recorded (its reason, not the other candidates): the plan
+    keeps its first-host shortcut, and :attr:`candidates` may hold that host alone."""
 
     keyspace: str | None = None
     replicas: Sequence[HostView[HostStats]] = ()
@@ -265,11 +269,11 @@ class Planner:
                 elif replicas:
                     fill: list[HostView[HostStats]] | None = None
                     first = False
-                    if record is None:
+                    if record is None or record.brief:
                         # The best replica goes first, before the others are ordered, when
                         # no non-replica can beat it: none at all (the common case when
-                        # idle), or none of this plan's fill hosts (under load). A recorded
-                        # plan orders every candidate at once.
+                        # idle), or none of this plan's fill hosts (under load). A plan
+                        # recording every candidate orders them all at once.
                         best, best_score = best_replica(replicas)
                         first = (
                             best_score < settings.non_replica_penalty * topology.min_rack_penalty
@@ -280,6 +284,8 @@ class Planner:
                     if first:
                         yielded = {id(best.host)}
                         next(decisions["replica"])
+                        if record is not None:  # a brief record is complete here
+                            record.position, record.candidates = "replica", (best,)
                         yield best.host
                         others = list(replicas)
                         others.remove(best)  # C-level, by identity first

@@ -245,16 +245,17 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy, PolicyControls):
     def _traced_plan(
         self, span: Any | None, working_keyspace: str | None, query: Any, started_ns: int
     ) -> Iterator[Any]:
-        record = PlanRecord()
+        decisions = self.decisions
+        ratio = decisions.candidates_ratio
+        candidates = ratio >= 1.0 or (ratio > 0.0 and random() < ratio)
+        record = PlanRecord(brief=not candidates)
         # The record is complete once the first host is out: the rest stays lazy, as the
         # driver reads it (usually the first host only).
         plan = iter(self._planner.make_plan(working_keyspace, query, record))
         first = next(plan, None)
         hosts = plan if first is None else chain((first,), plan)
-        decisions = self.decisions
         if decisions.tracer is None:  # a reload disabled tracing meanwhile
             return hosts
-        ratio = decisions.candidates_ratio
         try:
             decision, events = build_decision(
                 record,
@@ -265,7 +266,7 @@ class AdaptiveLoadBalancingPolicy(LoadBalancingPolicy, PolicyControls):
                 config_hash=self._config_hash,
                 routing_keys=self._config.privacy.routing_keys,
                 pop_transition=self.health.pop_unreported,
-                candidates=ratio >= 1.0 or random() < ratio,
+                candidates=candidates,
             )
             decisions.deliver(span, query, decision, events, started_ns)
         except Exception:

@@ -4,6 +4,7 @@ tests/integration/test_attach_simulacron.py)."""
 
 from __future__ import annotations
 
+import random
 import time
 import types
 
@@ -29,7 +30,7 @@ from adaptive_lb.runtime.request_spans import (
     operation_name,
 )
 from adaptive_lb.telemetry.tracing import EVENT_NAME
-from adaptive_lb.tools.sim.driver_topology import build_cluster
+from adaptive_lb.tools.sim.driver_topology import build_cluster, murmur3_routing_keys
 
 MS = 1_000_000
 TEXT = "SELECT v FROM ks.t WHERE k = 42"
@@ -360,6 +361,36 @@ def test_candidates_ratio_zero_keeps_the_chosen_host_and_why(traced):
     assert "adaptive_lb.candidates" not in span.attributes
     assert span.attributes["server.address"] == str(plan[0].address)
     assert span.attributes["adaptive_lb.position"] == "local"
+
+
+def test_candidates_ratio_zero_keeps_the_plans_first_host_shortcut(traced):
+    """A brief decision (no candidate list) is made by the plan an untraced request gets:
+    the best replica first when nothing can beat it, with its reason; one load for both."""
+    provider, exporter = traced
+    _model, brief, telemetry, _clock = build(
+        provider, Config(tracing=TracingConfig(candidates_ratio=0.0))
+    )
+    _model, untraced, _telemetry, _clock = build(None, Config(tracing=TracingConfig(enabled=False)))
+    keys = murmur3_routing_keys(40, seed=5)
+    for index, key in enumerate(keys):
+        statement = SimpleStatement(TEXT, keyspace="ks", routing_key=key)
+        random.seed(index)
+        plan = list(brief.make_query_plan("ks", statement))
+        random.seed(index)
+        first = next(iter(untraced.make_query_plan("ks", statement)))
+        assert plan[0].address == first.address
+        attempts = telemetry.observe(future_for(statement), brief)
+        attempts.ended(None)
+    spans = exporter.get_finished_spans()
+    assert len(spans) == len(keys)
+    for span in spans:
+        assert span.attributes["adaptive_lb.position"] == "replica"
+        assert span.attributes["adaptive_lb.replica_count"] == 3
+        chosen = span.attributes["adaptive_lb.chosen"]
+        assert chosen.startswith(f"{span.attributes['server.address']}:")
+        assert " in_flight=0 health=healthy penalty=1 score=1 replica=True" in chosen
+        assert "adaptive_lb.candidates" not in span.attributes
+    assert brief.decisions_by_position["replica"] == len(keys)
 
 
 def prepared_statement():
