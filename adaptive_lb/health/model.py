@@ -355,7 +355,15 @@ class HealthModel:
         )
         if refresh.probing:
             new = judge(
-                old, new, host.probes, config, now, self._window_s, answers, window.in_flight
+                old,
+                new,
+                host.probes,
+                config,
+                now,
+                self._window_s,
+                answers,
+                window.in_flight,
+                host.in_flight,
             )
         self._health[key] = new
         latency = host.latency
