@@ -76,6 +76,7 @@ __all__ = [
     "PROBE_QUERY",
     "ROUTINE",
     "STALLED",
+    "SUSPECTED_PENALTY",
     "ProbeOrder",
     "ProbeScheduler",
     "judge",
@@ -92,6 +93,13 @@ IDLE_INTERVALS = 2.0
 """A host with user requests in the window but no answer (user or probe) for this many
 ``probe_interval`` is probed: its evidence is stale."""
 
+SUSPECTED_PENALTY = 16.0
+"""Where a fleet's budget makes probes wait for slots, the least penalty of a host whose
+requests have gone a refresh without an answer, until one answers (the health model's
+``paced``): below a healthy replica of another rack (``non_local_rack_penalty`` 4) and a
+local non-replica (``non_replica_penalty`` 12), so that a thin client does not send a
+stalled node a second and a third request before its verdict (in fleet-size-100 most
+failed requests were these). Not a verdict: the host's state is unchanged."""
 HUNG = "requests in flight without an answer"
 """The reason of a probe of a *suspected* host: its requests hang (:func:`probe_reason`)."""
 STALLED = "stalled"

@@ -112,8 +112,12 @@ class HealthRefresh:
         in force (:mod:`adaptive_lb.stats.fleet`)."""
         config = self.health.config.fleet
         period_s = own_period_s(self.fleet.size(config), config.budget)
-        self.pacer.resize(period_s, self.health.clock.now_ns())
+        # Slots drawn after the fleet's first clients-table reads, not on top of them.
+        after = self.fleet.started_ns() if self._learning() else None
+        self.pacer.resize(period_s, self.health.clock.now_ns(), after)
         self.pacer.keep(self._book.topology.by_id.keys())
+        binding = self.pacer.binding(self.health.config.probe_interval)
+        self.health.paced = binding or self._size_unknown()
 
     def _probe(self) -> None:
         """After a health refresh: send the probes that are due and have a slot of the
@@ -216,6 +220,7 @@ class HealthRefresh:
         ]
         order = self.fleet.order(now, hosts, self.health.config.fleet, len(local))
         if order is not None:
+            self.pacer.spend(id(order.key), now)  # one of its own requests to that node
             reader(order)
 
     def inputs(self) -> tuple[dict[Hashable, HostStats], dict[Hashable, Any]]:

@@ -19,7 +19,8 @@ fleet's total stays within ``health.fleet.budget`` per node per second:
   [1, 1.5) x that, the first at a random phase. So the fleet sends a node at most
   ``0.9 x budget`` a second of them on average, whichever the client sends; the clients-table
   reads, one per client per ``clients_interval`` spread over the local nodes, are spaced to
-  the last tenth (:func:`clients_period_s`). A slot goes first to a probe, then to a read.
+  the last tenth (:func:`clients_period_s`), and each also takes its node's slot
+  (:meth:`FleetPacer.spend`). A slot goes first to a probe, then to a read.
   Where the period is shorter than a request's own interval the pacer does not bind:
   a fleet of up to 0.9 x budget x 1 s clients probes and reads as a lone client does.
   While it binds, a stalled or erroring host's slots are its probes' (the health refresh
@@ -256,6 +257,13 @@ class FleetEstimate:
                 or self._absent >= set(_QUERIES)
             )
 
+    def started_ns(self) -> int | None:
+        """When the fleet's first clients-table reads are done, as this client sees it:
+        :data:`FIRST_CLIENTS_READ_S` after its first refresh (None: not started)."""
+        with self._lock:
+            started = self._started_ns
+        return None if started is None else started + round(FIRST_CLIENTS_READ_S * _NS)
+
     def starting(self, now_ns: int) -> bool:
         """Whether the fleet's first clients-table reads may still be on their way: within
         :data:`FIRST_CLIENTS_READ_S` of this client's first refresh. A fleet started at once
@@ -292,24 +300,47 @@ class FleetPacer:
     """Each host's next slot for this client's own requests (see the module docstring).
     Used by the health refresh only (one thread)."""
 
-    __slots__ = ("_next", "_rng", "period_s")
+    __slots__ = ("_next", "_rng", "_spent", "period_s")
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng if rng is not None else random.Random()
         self._next: dict[Hashable, int] = {}
+        self._spent: dict[Hashable, int] = {}
+        """Hosts sent a clients-table read (:meth:`spend`) and when."""
         self.period_s = 0.0
         """The least spacing of the slots of one host (:func:`own_period_s`)."""
 
-    def resize(self, period_s: float, now_ns: int) -> None:
+    def resize(self, period_s: float, now_ns: int, from_ns: int | None = None) -> None:
         """Set the period. When it grew (the fleet is larger than thought) every host's next
-        slot is drawn anew within the new period: a fleet that learns its size at once
-        spreads its slots at once. When it shrank, no slot stays farther than that."""
+        slot is drawn anew within the new period from ``from_ns`` (now when None or past):
+        a fleet that learns its size at once spreads its slots at once. When it shrank, no
+        slot stays farther than that."""
         if period_s != self.period_s:
             grew = period_s > self.period_s
+            base = now_ns if from_ns is None else max(now_ns, from_ns)
             for key in list(self._next):
-                drawn = now_ns + round(self._rng.random() * period_s * _NS)
-                self._next[key] = drawn if grew else min(self._next[key], drawn)
+                if grew:
+                    self._next[key] = self._first(key, base, period_s)
+                else:
+                    drawn = now_ns + round(self._rng.random() * period_s * _NS)
+                    self._next[key] = min(self._next[key], drawn)
         self.period_s = period_s
+
+    def _first(self, key: Hashable, base_ns: int, period_s: float) -> int:
+        """A host's first slot in a period: a random phase from ``base_ns``, and a period
+        after this client's clients-table read of it, if any."""
+        drawn = base_ns + round(self._rng.random() * period_s * _NS)
+        spent = self._spent.pop(key, None)
+        return drawn if spent is None else max(drawn, spent + round(period_s * _NS))
+
+    def spend(self, key: Hashable, now_ns: int) -> None:
+        """This client sent ``key`` a clients-table read now: a request of its own to that
+        node like a read or a probe, so the host's next slot comes a period after it
+        (also when the fleet's size, and so the period, is learnt from that very read)."""
+        self._spent[key] = now_ns
+        next_ns = self._next.get(key)
+        if next_ns is not None:
+            self._next[key] = max(next_ns, now_ns + round(self.period_s * _NS))
 
     def binding(self, base_s: float) -> bool:
         """Whether the period is longer than ``base_s``, a request's own interval."""
@@ -324,7 +355,7 @@ class FleetPacer:
             return True
         next_ns = self._next.get(key)
         if next_ns is None:  # first sight: a random phase
-            next_ns = self._next[key] = now_ns + round(self._rng.random() * period_s * _NS)
+            next_ns = self._next[key] = self._first(key, now_ns, period_s)
         if now_ns < next_ns:
             return False
         self._next[key] = now_ns + round(period_s * (1.0 + SPREAD * self._rng.random()) * _NS)
@@ -333,5 +364,7 @@ class FleetPacer:
     def keep(self, keys: Iterable[Hashable]) -> None:
         """Forget the hosts not in ``keys`` (removed from the cluster)."""
         kept = set(keys)
+        for key in [key for key in list(self._spent) if key not in kept]:
+            self._spent.pop(key, None)
         for key in [key for key in list(self._next) if key not in kept]:
             self._next.pop(key, None)

@@ -422,3 +422,49 @@ def test_a_client_whose_probe_waits_for_a_slot_judges_by_what_it_would_have_show
     cluster.traffic(0.6, ("h0", "h2"))
     assert cluster.state("h1") is not HealthState.ERRORING
     assert cluster.sent == []
+
+
+@pytest.mark.parametrize("paced", [False, True])
+def test_where_probes_wait_for_the_budget_a_host_unanswered_for_a_refresh_is_avoided(paced):
+    """A thin client in a large fleet has no probe for a host whose request hangs: it
+    places the host at SUSPECTED_PENALTY from the next refresh until an answer (no
+    verdict), so that it does not send it a second and a third request meanwhile."""
+    from adaptive_lb.health.probes import SUSPECTED_PENALTY
+    from tests.unit.test_probes import Cluster
+
+    cluster = Cluster()
+    cluster.model.paced = paced
+    cluster.traffic(1.0)
+    cluster.stalled.add("h0")
+    cluster.request("h0")  # hangs
+    cluster.traffic(0.4, ("h1", "h2"))
+    stats = cluster.stats["h0"]
+    assert stats.health_state is HealthState.HEALTHY
+    assert stats.health_penalty == (SUSPECTED_PENALTY if paced else 1.0)
+    assert cluster.stats["h1"].health_penalty == 1.0
+    cluster.stalled.discard("h0")
+    stats.on_success(400 * 1_000_000)  # it answers
+    cluster.traffic(0.2, ("h1", "h2"))
+    assert stats.health_penalty == 1.0
+
+
+def test_slots_drawn_on_learning_the_fleet_come_after_its_first_clients_reads():
+    """A client that learns at 1 s that it is one of 1,000 draws its slots from the end of
+    the fleet's first clients-table reads (5 s), not on top of them."""
+    pacer = FleetPacer(random.Random(6))
+    pacer.resize(own_period_s(1, 20.0), 0)
+    assert pacer.take("h", 0, 1.0)  # a lone client's pace: not binding
+    pacer.resize(own_period_s(1000, 20.0), 1 * S, round(FIRST_CLIENTS_READ_S * S))
+    assert not any(pacer.take("h", t, 1.0) for t in range(S, 5 * S, S // 5))
+    assert any(pacer.take("h", t, 1.0) for t in range(5 * S, 62 * S, S // 5))
+    # Its clients-table read of a node (at 0.5 s, the size then unknown) is its request of
+    # the first period to that node: its first slot comes a period after it.
+    pacer = FleetPacer(random.Random(7))
+    pacer.resize(own_period_s(1, 20.0), 0)
+    pacer.spend("g", S // 2)
+    pacer.resize(own_period_s(1000, 20.0), 1 * S, round(FIRST_CLIENTS_READ_S * S))
+    period = own_period_s(1000, 20.0)
+    assert not any(pacer.take("g", t, 1.0) for t in range(S, round((0.5 + period) * S), S // 5))
+    pacer.take("h", 200 * S, 1.0)
+    pacer.spend("h", 201 * S)  # and in the steady state
+    assert not any(pacer.take("h", t, 1.0) for t in range(201 * S, 201 * S + round(period * S), S))
