@@ -31,7 +31,7 @@ from adaptive_lb.core.clock import Clock
 from adaptive_lb.health.baselines import Comparison, compare
 from adaptive_lb.health.evidence import body_percentile, bound_percentiles
 from adaptive_lb.health.peers import peer_median, peer_medians
-from adaptive_lb.health.probes import judge
+from adaptive_lb.health.probes import SUSPECTED_PENALTY, judge
 from adaptive_lb.health.rules import Baseline, assess
 from adaptive_lb.health.silence import SilenceClocks
 from adaptive_lb.health.verdict import HostHealth, warming_penalty
@@ -113,6 +113,9 @@ class HealthModel:
         then their outcomes judge a host too, and no user request is a probe
         (:func:`adaptive_lb.health.probes.judge`); without, a stalled or erroring host is tried
         again with user requests (``health.probe_interval`` 0 does the same)."""
+        self.paced = False
+        """Probes wait for slots of a fleet's budget (set by the health refresh): a host
+        unanswered for a refresh is placed at ``probes.SUSPECTED_PENALTY`` meanwhile."""
         self.stalled: dict[Hashable, float] = {}
         """Per host, at the last refresh: seconds with requests in flight and no answer."""
         self.unanswered: dict[Hashable, float] = {}
@@ -306,7 +309,8 @@ class HealthModel:
                 host = stats[key]
                 stalled[key] = self._silence.stalled_s(key, host, window.in_flight, now)
                 unanswered[key] = max(stalled[key], self._silence.unanswered_s(key, host, now))
-                transition = self._judge(key, host, window, refresh, stalled[key], now)
+                suspected = self.paced and unanswered[key] > 0
+                transition = self._judge(key, host, window, refresh, stalled[key], now, suspected)
                 if transition is not None:
                     transitions.append(transition)
                     self._unreported[key] = transition
@@ -331,6 +335,7 @@ class HealthModel:
         refresh: Comparison,
         stalled_s: float,
         now: int,
+        suspected: bool = False,
     ) -> HealthTransition | None:
         """Assess one host, publish its verdict and latency factor on its statistics; its
         transition, if any. Under the state lock."""
@@ -355,7 +360,15 @@ class HealthModel:
         )
         if refresh.probing:
             new = judge(
-                old, new, host.probes, config, now, self._window_s, answers, window.in_flight
+                old,
+                new,
+                host.probes,
+                config,
+                now,
+                self._window_s,
+                answers,
+                window.in_flight,
+                host.in_flight,
             )
         self._health[key] = new
         latency = host.latency
@@ -378,7 +391,10 @@ class HealthModel:
             )
         host.latency_factor = latency.factor
         if new.probe is None:
-            host.publish_health(new.state, new.penalty)
+            penalty = new.penalty
+            if suspected and new.state is not HealthState.ERRORING:
+                penalty = max(penalty, SUSPECTED_PENALTY)
+            host.publish_health(new.state, penalty)
         elif new.probe is not old.probe:
             # Placed as a healthy host until its budget is spent (or it fails).
             host.start_probe(new.probe.requests, config.penalties.healthy, new.penalty)

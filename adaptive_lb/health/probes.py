@@ -37,6 +37,16 @@ since its last probe. A healthy host answering its user requests is never probed
   stall had queued, so the host is serving again and nothing in it is cold (a warm-up of
   ``min_state_duration`` would keep a thin client off it that long; a relapse is still
   held longer);
+* in a fleet, a probe may wait for a slot of the fleet's budget
+  (:mod:`adaptive_lb.stats.fleet`; the wait is noted on the host's record, ``held_ns``):
+  the host is then judged by what that probe would have shown. A *suspected* host whose
+  requests hang, none answering while its probe waited ``probe_timeout`` (as long as the
+  probe would have waited for an answer), is ERRORING (stalled) then, as if the probe had
+  timed out, not ``stall_timeout`` after its first request hung; a *stalled* host whose
+  connections no longer hold any request (by the driver's count: what the stall had
+  caught, timed out or not, was answered) while its probe waited is back on the same terms
+  as a probe's answer (the hold over, HEALTHY at once): the client's own requests queued
+  behind the stall were answered, as its probe would have been. Nothing is sent;
 * an *erroring* host's way back stays the one without probes (its next requests placed as
   healthy, the first failure ends it: a probe's answer shows the host reachable, not the
   user's requests succeeding), but it opens only once a probe answered since the verdict
@@ -60,7 +70,18 @@ from adaptive_lb.stats.health_state import HealthState
 from adaptive_lb.stats.host import HostStats, WindowStats
 from adaptive_lb.stats.probe_record import TIMEOUT, ProbeRecord
 
-__all__ = ["JITTER", "PROBE_QUERY", "ProbeOrder", "ProbeScheduler", "judge", "probe_reason"]
+__all__ = [
+    "HUNG",
+    "JITTER",
+    "PROBE_QUERY",
+    "ROUTINE",
+    "STALLED",
+    "SUSPECTED_PENALTY",
+    "ProbeOrder",
+    "ProbeScheduler",
+    "judge",
+    "probe_reason",
+]
 
 PROBE_QUERY = "SELECT release_version FROM system.local"
 """What a probe asks: one row the node reads from its own memory, that every role may read
@@ -71,6 +92,21 @@ started together do not probe in step."""
 IDLE_INTERVALS = 2.0
 """A host with user requests in the window but no answer (user or probe) for this many
 ``probe_interval`` is probed: its evidence is stale."""
+
+SUSPECTED_PENALTY = 16.0
+"""Where a fleet's budget makes probes wait for slots, the least penalty of a host whose
+requests have gone a refresh without an answer, until one answers (the health model's
+``paced``): below a healthy replica of another rack (``non_local_rack_penalty`` 4) and a
+local non-replica (``non_replica_penalty`` 12), so that a thin client does not send a
+stalled node a second and a third request before its verdict (in fleet-size-100 most
+failed requests were these). Not a verdict: the host's state is unchanged."""
+HUNG = "requests in flight without an answer"
+"""The reason of a probe of a *suspected* host: its requests hang (:func:`probe_reason`)."""
+STALLED = "stalled"
+"""The reason of a probe of a host ERRORING by a stall: to see it answer again."""
+ROUTINE = "no fresh answer"
+"""The reason of a routine probe: the host's evidence is stale, nothing says it is in
+trouble (a thin client's host that it sent a request a while ago)."""
 
 _NS = 1_000_000_000
 
@@ -122,13 +158,13 @@ def probe_reason(
     if verdict is not None and answers > verdict.evidence.clean_from:
         record.failures_cleared = failures  # a user request answered since the last failure
     if state is HealthState.ERRORING:
-        return "stalled" if verdict is not None and verdict.cause == "stall" else "erroring"
+        return STALLED if verdict is not None and verdict.cause == "stall" else "erroring"
     if state is HealthState.SLOW and not fresh:
         return "slow"
     if state is HealthState.WARMING and verdict is not None and verdict.warm_up_s is not None:
         return None if fresh else "returning after a stall"
     if stalled_s > 0 and stalled_s >= suspect_s:
-        return "requests in flight without an answer"
+        return HUNG
     if failures > record.failures_cleared:
         return "a request failed, none answered since"
     if busy and window is not None and window.requests > 0:
@@ -136,7 +172,7 @@ def probe_reason(
         if record.last_answer_ns is not None:
             last = max(last, record.last_answer_ns)
         if now_ns - last >= IDLE_INTERVALS * interval_s * _NS:
-            return "no fresh answer"
+            return ROUTINE
     return None
 
 
@@ -195,20 +231,21 @@ def judge(
     window_s: float,
     answers: int,
     in_flight: int,
+    pool_in_flight: int | None = None,
 ) -> HostHealth:
     """``new`` (the verdict :func:`~adaptive_lb.health.rules.assess` gave) corrected by the
     host's probes, while probes are being sent: see the module docstring. ``answers`` is
-    the host's user answer total, ``in_flight`` its user attempts in flight."""
+    the host's user answer total, ``in_flight`` its user attempts in flight,
+    ``pool_in_flight`` everything in flight on its connections by the driver's count
+    (requests timed out but not answered yet too; None: ``in_flight``)."""
+    pool = in_flight if pool_in_flight is None else pool_in_flight
     failed_ns = record.last_failure_ns
     answered_ns = record.last_answer_ns
     failing = failed_ns is not None and (answered_ns is None or failed_ns > answered_ns)
     if new.state is not HealthState.ERRORING:
-        if (
-            failing
-            and previous.state is not HealthState.ERRORING
-            and failed_ns is not None
-            and failed_ns > previous.since_ns
-        ):
+        if previous.state is HealthState.ERRORING:
+            return new
+        if failing and failed_ns is not None and failed_ns > previous.since_ns:
             stall = record.last_outcome == TIMEOUT
             sent_ns = record.last_sent_ns
             answered_users_ns = record.user_answer_ns
@@ -216,22 +253,21 @@ def judge(
                 stall = answered_users_ns <= sent_ns  # users answered meanwhile: busy
                 if not stall:
                     return new
-            if new.state in (HealthState.HEALTHY, HealthState.WARMING):
-                evidence = new.evidence.turned_bad(now_ns, answers, window_s)
-            else:
-                evidence = new.evidence.restarted(answers)
             what = "did not answer within" if stall else "failed within"
-            return evolve(
-                new,
-                state=HealthState.ERRORING,
-                since_ns=now_ns,
-                penalty=config.penalties.stalled if stall else config.penalties.erroring,
-                reason=f"probe {what} {config.probe_timeout:g}s",
-                cause="stall" if stall else "errors",
-                evidence=evidence,
-                probe=None,
-                warm_up_s=None,
+            reason = f"probe {what} {config.probe_timeout:g}s"
+            return _erroring(new, config, now_ns, window_s, answers, stall, reason)
+        if (
+            _held_in_vain(record, HUNG, now_ns, config.probe_timeout, answers)
+            and (answered_ns is None or answered_ns <= (record.held_ns or 0))
+            and pool > 0
+        ):
+            # Its probe waited for the fleet's budget as long as it would have waited for
+            # an answer, and nothing answered meanwhile: what that probe would have shown.
+            reason = (
+                f"no answer within {config.probe_timeout:g}s while its probe waited for "
+                "the fleet's budget"
             )
+            return _erroring(new, config, now_ns, window_s, answers, True, reason)
         return new
     if new.cause != "stall":
         # Errors: the probe's answer says the host is reachable, not that the user's
@@ -245,31 +281,99 @@ def judge(
         if answered_ns is not None and not failing and answered_ns > max(new.since_ns, tried_ns):
             return new
         return evolve(new, probe=None, reason=previous.reason or new.reason)
-    if (
-        answered_ns is not None
-        and not failing
-        and answered_ns > new.since_ns
-        and (now_ns - new.since_ns) / _NS
-        >= hold_s(config.min_state_duration, new.evidence.relapses, window_s)
-        and in_flight == 0
-    ):
-        # The probe waited behind whatever the stall had queued on its connection, so the
-        # host is serving again and nothing in it is cold: HEALTHY at once (a warm-up of
-        # min_state_duration would keep a thin client off it that long; a relapse is still
-        # held longer).
-        latency = record.last_latency_s or 0.0
-        return evolve(
-            new,
-            state=HealthState.HEALTHY,
-            since_ns=now_ns,
-            penalty=config.penalties.healthy,
-            reason=f"probe answered in {latency * 1000:.1f} ms after a stall",
-            cause="",
-            evidence=new.evidence.came_back(now_ns, answers),
-            probe=None,
-            warm_up_s=None,
-        )
+    probed = answered_ns is not None and not failing and answered_ns > new.since_ns
+    back = _back_from_stall(new, record, config, now_ns, window_s, answers, probed)
+    if back is not None and in_flight == 0 and (probed or _drained(new, record, pool)):
+        return back
     if new.probe is not None:
         # No user request is the probe: the host keeps its penalty until a probe answers.
         return evolve(new, probe=None, reason=previous.reason or new.reason)
     return new
+
+
+def _drained(new: HostHealth, record: ProbeRecord, pool: int) -> bool:
+    """Whether the stalled host's probe waits for the fleet's budget and the requests the
+    stall had caught on its connections were all answered meanwhile (``pool``: in flight
+    by the driver's count): what that probe would have shown."""
+    return (
+        record.held_caught
+        and record.held_reason == STALLED
+        and (record.held_ns or 0) >= new.since_ns
+        and pool == 0
+    )
+
+
+def _back_from_stall(
+    new: HostHealth,
+    record: ProbeRecord,
+    config: HealthConfig,
+    now_ns: int,
+    window_s: float,
+    answers: int,
+    probed: bool,
+) -> HostHealth | None:
+    """The stalled host HEALTHY, once its hold is over (None before): the probe waited
+    behind whatever the stall had queued on its connection (or those requests were
+    answered), so the host is serving again and nothing in it is cold (a warm-up of
+    ``min_state_duration`` would keep a thin client off it that long; a relapse is still
+    held longer). ``probed``: a probe answered (else what the stall caught did)."""
+    hold = hold_s(config.min_state_duration, new.evidence.relapses, window_s)
+    if (now_ns - new.since_ns) / _NS < hold:
+        return None
+    if probed:
+        latency = record.last_latency_s or 0.0
+        why = f"probe answered in {latency * 1000:.1f} ms after a stall"
+    else:
+        why = "what the stall had caught was answered while its probe waited for a slot"
+    return evolve(
+        new,
+        state=HealthState.HEALTHY,
+        since_ns=now_ns,
+        penalty=config.penalties.healthy,
+        reason=why,
+        cause="",
+        evidence=new.evidence.came_back(now_ns, answers),
+        probe=None,
+        warm_up_s=None,
+    )
+
+
+def _held_in_vain(
+    record: ProbeRecord, reason: str, now_ns: int, timeout_s: float, answers: int
+) -> bool:
+    """Whether a probe due for ``reason`` has waited for a slot of the fleet's budget for
+    ``timeout_s`` (a probe's timeout) with no user answer from the host meanwhile."""
+    held_ns = record.held_ns
+    return (
+        held_ns is not None
+        and record.held_reason == reason
+        and now_ns - held_ns >= timeout_s * _NS
+        and answers == record.held_answers
+    )
+
+
+def _erroring(
+    new: HostHealth,
+    config: HealthConfig,
+    now_ns: int,
+    window_s: float,
+    answers: int,
+    stall: bool,
+    reason: str,
+) -> HostHealth:
+    """``new`` made ERRORING by what a probe showed (``stall``: no answer; else a failure)."""
+    if new.state in (HealthState.HEALTHY, HealthState.WARMING):
+        evidence = new.evidence.turned_bad(now_ns, answers, window_s)
+    else:
+        evidence = new.evidence.restarted(answers)
+    return evolve(
+        new,
+        state=HealthState.ERRORING,
+        since_ns=now_ns,
+        penalty=config.penalties.stalled if stall else config.penalties.erroring,
+        reason=reason,
+        cause="stall" if stall else "errors",
+        evidence=evidence,
+        probe=None,
+        warm_up_s=None,
+    )

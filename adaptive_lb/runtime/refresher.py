@@ -24,7 +24,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from adaptive_lb.health.model import HealthModel, HealthState, HealthTransition
-from adaptive_lb.health.probes import ProbeOrder, ProbeScheduler
+from adaptive_lb.health.probes import HUNG, ROUTINE, ProbeOrder, ProbeScheduler
 from adaptive_lb.plan.locality import rack_proximity
 from adaptive_lb.plan.scoring import HostView
 from adaptive_lb.plan.topology import TopologyBook
@@ -112,12 +112,19 @@ class HealthRefresh:
         in force (:mod:`adaptive_lb.stats.fleet`)."""
         config = self.health.config.fleet
         period_s = own_period_s(self.fleet.size(config), config.budget)
-        self.pacer.resize(period_s, self.health.clock.now_ns())
+        # Slots drawn after the fleet's first clients-table reads, not on top of them.
+        after = self.fleet.started_ns() if self._learning() else None
+        self.pacer.resize(period_s, self.health.clock.now_ns(), after)
         self.pacer.keep(self._book.topology.by_id.keys())
+        binding = self.pacer.binding(self.health.config.probe_interval)
+        self.health.paced = binding or self._size_unknown()
 
     def _probe(self) -> None:
         """After a health refresh: send the probes that are due and have a slot of the
-        fleet's budget (:mod:`adaptive_lb.stats.fleet`), if a sender is set."""
+        fleet's budget (:mod:`adaptive_lb.stats.fleet`), if a sender is set. A due probe
+        without one waits, noted on the host's record
+        (:meth:`~adaptive_lb.stats.probe_record.ProbeRecord.hold`): the health model judges
+        the host by what it would have shown (:func:`adaptive_lb.health.probes.judge`)."""
         send = self.probe_sender
         if send is None:
             return
@@ -133,9 +140,35 @@ class HealthRefresh:
         )
         now = health.clock.now_ns()
         base = health.config.probe_interval
+        unknown = self._size_unknown()
+        held = set()
         for order in orders:
-            if self.pacer.take(id(order.key), now, base):
+            if unknown and order.reason == ROUTINE:
+                continue  # a fleet started at once would probe every node at once
+            # Its size unknown, a client's probe of a host whose requests hang waits as for
+            # a slot (a node stalled at the fleet's start would get one from every client).
+            waits = unknown and order.reason == HUNG
+            if not waits and self.pacer.take(id(order.key), now, base):
                 send(order)
+                continue
+            # No slot: the health model judges the host by what this probe would show.
+            order.stats.probes.hold(now, order.reason, order.stats.in_flight)
+            held.add(id(order.stats))
+        for view in views:
+            if id(view.stats) not in held:
+                view.stats.probes.release()
+
+    def _learning(self) -> bool:
+        """Whether this client learns the fleet's size from the clients tables."""
+        fleet = self.health.config.fleet
+        return (
+            fleet.size <= 0 < min(fleet.clients_interval, fleet.budget)
+            and self.clients_reader is not None
+        )
+
+    def _size_unknown(self) -> bool:
+        """Whether the fleet's size is still to be learned (:meth:`FleetEstimate.settled`)."""
+        return self._learning() and not self.fleet.settled()
 
     def _server_load(self) -> None:
         """After a health refresh: publish each local host's server-load factor (its
@@ -154,12 +187,12 @@ class HealthRefresh:
         if read is None:
             return
         self._read_clients(local, now)
-        fleet = self.health.config.fleet
-        learning = fleet.size <= 0 < min(fleet.clients_interval, fleet.budget)
-        if learning and self.clients_reader is not None and not self.fleet.settled():
+        if self._size_unknown():
             return  # its size unknown: a fleet started at once would read every node at once
         thresholds = self._thresholds
         binding = self.pacer.binding(config.interval)
+        if binding and self._learning() and self.fleet.starting(now):
+            return  # the fleet's first clients reads: the thread-pool reads come after them
         readable = (
             (v.host, v.stats, v.live)
             for v in local
@@ -187,6 +220,7 @@ class HealthRefresh:
         ]
         order = self.fleet.order(now, hosts, self.health.config.fleet, len(local))
         if order is not None:
+            self.pacer.spend(id(order.key), now)  # one of its own requests to that node
             reader(order)
 
     def inputs(self) -> tuple[dict[Hashable, HostStats], dict[Hashable, Any]]:

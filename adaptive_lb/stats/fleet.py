@@ -19,20 +19,30 @@ fleet's total stays within ``health.fleet.budget`` per node per second:
   [1, 1.5) x that, the first at a random phase. So the fleet sends a node at most
   ``0.9 x budget`` a second of them on average, whichever the client sends; the clients-table
   reads, one per client per ``clients_interval`` spread over the local nodes, are spaced to
-  the last tenth (:func:`clients_period_s`). A slot goes first to a probe, then to a read.
+  the last tenth (:func:`clients_period_s`), and each also takes its node's slot
+  (:meth:`FleetPacer.spend`). A slot goes first to a probe, then to a read.
   Where the period is shorter than a request's own interval the pacer does not bind:
   a fleet of up to 0.9 x budget x 1 s clients probes and reads as a lone client does.
   While it binds, a stalled or erroring host's slots are its probes' (the health refresh
   does not read it: the read would wait in the same stall).
 
 Until its first clients-table read has come back (within :data:`FIRST_CLIENTS_READ_S`
-and a round trip) a client reads no thread pools: a fleet started at once would otherwise
-read every node at the unpaced rate for those seconds (500 a second per node from 1,000
-clients), before any of them knows to space its reads. Probes are not held.
+and a round trip; one that times out is tried at once on another node) a client reads no
+thread pools and sends no routine probe (``no fresh answer``), and its probe of a host
+whose requests hang waits as for a slot: a fleet started at once would otherwise read and
+probe every node at the unpaced rate for those seconds (500 reads a second per node from
+1,000 clients), before any of them knows to space them. Where the budget binds, the
+thread-pool reads also wait until :data:`FIRST_CLIENTS_READ_S` after the client's start
+(:meth:`FleetEstimate.starting`), when the fleet's first clients-table reads are done,
+rather than adding up with them. Probes of a stalled or erroring host are not held.
 
 What this costs the fleet: a node's queue reaches a client's score once per period, not
-every ``server_load.interval``; a returning stalled node is probed by a spread of clients,
-each once per period, and is back in use by each client when its own probe answers.
+every ``server_load.interval``. A probe that waits for a slot is not lost evidence: the
+health model judges the host by what it would have shown
+(:func:`adaptive_lb.health.probes.judge`): a suspected host whose requests hang is
+ERRORING after the probe's timeout, and a stalled host is back in use by each client as
+soon as the requests the stall had caught on its connections are answered, without a
+probe; a client whose stall caught nothing there is back at its next slot.
 
 Imports the config only.
 """
@@ -74,6 +84,11 @@ SPREAD = 0.5
 FIRST_CLIENTS_READ_S = 5.0
 """The first clients-table read comes at a random moment within this long (or within
 ``clients_interval`` when shorter): a fleet started at once does not read it at once."""
+FIRST_READ_TRIES = 3
+"""A first clients-table read that times out is tried again (another node, within
+:data:`FIRST_CLIENTS_READ_S`); the size is taken as unknown-for-good (``default_size``)
+only after this many have failed: a node stalled at the fleet's start must not make the
+clients that asked it read and probe at a lone client's pace."""
 
 _NS = 1_000_000_000
 _QUERIES = (CASSANDRA_CLIENTS_QUERY, SCYLLA_CLIENTS_QUERY)
@@ -131,10 +146,13 @@ class FleetEstimate:
 
     __slots__ = (
         "_absent",
+        "_asked",
+        "_avoid",
         "_lock",
         "_next_ns",
         "_outstanding",
         "_rng",
+        "_started_ns",
         "failed",
         "learned",
         "learned_ns",
@@ -147,6 +165,9 @@ class FleetEstimate:
         self._rng = rng if rng is not None else random.Random()
         self._absent: set[str] = set()
         self._next_ns: int | None = None
+        self._started_ns: int | None = None
+        self._asked: Hashable = None
+        self._avoid: Hashable = None
         self._outstanding = False
         self.learned: int | None = None
         """The last count read (None: none yet)."""
@@ -189,12 +210,16 @@ class FleetEstimate:
             if self._next_ns is None:
                 first = min(FIRST_CLIENTS_READ_S, config.clients_interval)
                 self._next_ns = now_ns + round(self._rng.random() * first * _NS)
+                if self._started_ns is None:
+                    self._started_ns = now_ns
             if now_ns < self._next_ns:
                 return None
             candidates = [(key, query) for key, has in hosts if (query := self._query(has))]
             if not candidates:
                 return None
-            key, query = self._rng.choice(candidates)
+            others = [(key, query) for key, query in candidates if key != self._avoid]
+            key, query = self._rng.choice(others or candidates)
+            self._asked = key
             period = clients_period_s(
                 self.size(config), config.budget, nodes, config.clients_interval
             )
@@ -223,10 +248,31 @@ class FleetEstimate:
             self.source = query.rsplit(" ", 1)[-1]
 
     def settled(self) -> bool:
-        """Whether the first clients-table read has come back: answered, failed, or both
-        tables absent (until then the fleet's size is unknown)."""
+        """Whether the fleet's size is known, or will not be: a clients-table read
+        answered, :data:`FIRST_READ_TRIES` of them failed, or both tables absent."""
         with self._lock:
-            return self.learned is not None or self.failed > 0 or self._absent >= set(_QUERIES)
+            return (
+                self.learned is not None
+                or self.failed >= FIRST_READ_TRIES
+                or self._absent >= set(_QUERIES)
+            )
+
+    def started_ns(self) -> int | None:
+        """When the fleet's first clients-table reads are done, as this client sees it:
+        :data:`FIRST_CLIENTS_READ_S` after its first refresh (None: not started)."""
+        with self._lock:
+            started = self._started_ns
+        return None if started is None else started + round(FIRST_CLIENTS_READ_S * _NS)
+
+    def starting(self, now_ns: int) -> bool:
+        """Whether the fleet's first clients-table reads may still be on their way: within
+        :data:`FIRST_CLIENTS_READ_S` of this client's first refresh. A fleet started at once
+        sends each node ``N / (nodes x FIRST_CLIENTS_READ_S)`` of them a second then; where
+        the budget binds, the thread-pool reads wait for that window to pass rather than
+        adding up with it."""
+        with self._lock:
+            started = self._started_ns
+            return started is None or now_ns - started < FIRST_CLIENTS_READ_S * _NS
 
     def after_fork(self) -> None:
         """In a forked child: a read in flight was the parent's, its answer never comes
@@ -234,6 +280,7 @@ class FleetEstimate:
         with self._lock:
             self._outstanding = False
             self._next_ns = None
+            self._started_ns = None
 
     def fail(self, query: str, absent: bool) -> None:
         """``query`` did not answer; ``absent``: because the node has no such table or
@@ -245,32 +292,55 @@ class FleetEstimate:
                 self._next_ns = 0  # the other table, at once
             else:
                 self.failed += 1
-                if self.learned is None:  # another node, soon: not a lone pace for a minute
-                    self._next_ns = None
+                if self.learned is None:  # another node, at once: not a lone pace for long
+                    self._next_ns, self._avoid = 0, self._asked
 
 
 class FleetPacer:
     """Each host's next slot for this client's own requests (see the module docstring).
     Used by the health refresh only (one thread)."""
 
-    __slots__ = ("_next", "_rng", "period_s")
+    __slots__ = ("_next", "_rng", "_spent", "period_s")
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng if rng is not None else random.Random()
         self._next: dict[Hashable, int] = {}
+        self._spent: dict[Hashable, int] = {}
+        """Hosts sent a clients-table read (:meth:`spend`) and when."""
         self.period_s = 0.0
         """The least spacing of the slots of one host (:func:`own_period_s`)."""
 
-    def resize(self, period_s: float, now_ns: int) -> None:
+    def resize(self, period_s: float, now_ns: int, from_ns: int | None = None) -> None:
         """Set the period. When it grew (the fleet is larger than thought) every host's next
-        slot is drawn anew within the new period: a fleet that learns its size at once
-        spreads its slots at once. When it shrank, no slot stays farther than that."""
+        slot is drawn anew within the new period from ``from_ns`` (now when None or past):
+        a fleet that learns its size at once spreads its slots at once. When it shrank, no
+        slot stays farther than that."""
         if period_s != self.period_s:
             grew = period_s > self.period_s
+            base = now_ns if from_ns is None else max(now_ns, from_ns)
             for key in list(self._next):
-                drawn = now_ns + round(self._rng.random() * period_s * _NS)
-                self._next[key] = drawn if grew else min(self._next[key], drawn)
+                if grew:
+                    self._next[key] = self._first(key, base, period_s)
+                else:
+                    drawn = now_ns + round(self._rng.random() * period_s * _NS)
+                    self._next[key] = min(self._next[key], drawn)
         self.period_s = period_s
+
+    def _first(self, key: Hashable, base_ns: int, period_s: float) -> int:
+        """A host's first slot in a period: a random phase from ``base_ns``, and a period
+        after this client's clients-table read of it, if any."""
+        drawn = base_ns + round(self._rng.random() * period_s * _NS)
+        spent = self._spent.pop(key, None)
+        return drawn if spent is None else max(drawn, spent + round(period_s * _NS))
+
+    def spend(self, key: Hashable, now_ns: int) -> None:
+        """This client sent ``key`` a clients-table read now: a request of its own to that
+        node like a read or a probe, so the host's next slot comes a period after it
+        (also when the fleet's size, and so the period, is learnt from that very read)."""
+        self._spent[key] = now_ns
+        next_ns = self._next.get(key)
+        if next_ns is not None:
+            self._next[key] = max(next_ns, now_ns + round(self.period_s * _NS))
 
     def binding(self, base_s: float) -> bool:
         """Whether the period is longer than ``base_s``, a request's own interval."""
@@ -285,7 +355,7 @@ class FleetPacer:
             return True
         next_ns = self._next.get(key)
         if next_ns is None:  # first sight: a random phase
-            next_ns = self._next[key] = now_ns + round(self._rng.random() * period_s * _NS)
+            next_ns = self._next[key] = self._first(key, now_ns, period_s)
         if now_ns < next_ns:
             return False
         self._next[key] = now_ns + round(period_s * (1.0 + SPREAD * self._rng.random()) * _NS)
@@ -294,5 +364,7 @@ class FleetPacer:
     def keep(self, keys: Iterable[Hashable]) -> None:
         """Forget the hosts not in ``keys`` (removed from the cluster)."""
         kept = set(keys)
+        for key in [key for key in list(self._spent) if key not in kept]:
+            self._spent.pop(key, None)
         for key in [key for key in list(self._next) if key not in kept]:
             self._next.pop(key, None)

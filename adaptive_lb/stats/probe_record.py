@@ -41,6 +41,10 @@ class ProbeRecord:
         "answered",
         "failed",
         "failures_cleared",
+        "held_answers",
+        "held_caught",
+        "held_ns",
+        "held_reason",
         "last_answer_ns",
         "last_failure_ns",
         "last_latency_s",
@@ -89,6 +93,31 @@ class ProbeRecord:
         """The host's user answer count at the last scheduling pass, and when it last
         changed (``user_answer_ns``): how fresh its user evidence is."""
         self.user_answer_ns: int | None = None
+        self.held_ns: int | None = None
+        """Since when a probe due for ``held_reason`` has waited, at every refresh, for a
+        slot of the fleet's budget (:mod:`adaptive_lb.stats.fleet`); None: none waits. The
+        health model judges the host by what that probe would have shown
+        (:func:`adaptive_lb.health.probes.judge`)."""
+        self.held_reason = ""
+        self.held_answers = 0
+        """The host's user answer count when the probe began to wait."""
+        self.held_caught = False
+        """The host had requests in flight at some refresh while the probe waited."""
+
+    def hold(self, now_ns: int, reason: str, in_flight: int) -> None:
+        """A probe due for ``reason`` waits for a slot of the fleet's budget this refresh,
+        with ``in_flight`` requests on the host (a new reason starts a new wait)."""
+        with self._lock:
+            if self.held_ns is None or self.held_reason != reason:
+                self.held_ns, self.held_reason = now_ns, reason
+                self.held_answers, self.held_caught = self.user_answers, False
+            self.held_caught = self.held_caught or in_flight > 0
+
+    def release(self) -> None:
+        """No probe of the host waits for a slot (sent, or no longer due)."""
+        if self.held_ns is not None:
+            with self._lock:
+                self.held_ns = None
 
     def begin(self, now_ns: int, next_ns: int, reason: str) -> bool:
         """Claim the host for one probe sent now; False if one is outstanding."""

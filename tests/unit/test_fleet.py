@@ -334,3 +334,137 @@ def test_a_thin_client_without_a_slot_still_detects_a_stall_and_takes_the_node_b
     cluster.traffic(1.2, ("h1", "h2"))
     assert cluster.state("h0") in (HealthState.WARMING, HealthState.HEALTHY)
     assert cluster.probes_to("h0") == 0
+
+
+def test_a_first_clients_read_that_times_out_is_tried_at_once_on_another_node():
+    """A node stalled at the fleet's start must not leave the clients that asked it at a
+    lone client's pace: they ask another node at once, and only after FIRST_READ_TRIES
+    failed reads is the size taken as unknown for good."""
+    from adaptive_lb.stats.fleet import FIRST_READ_TRIES
+
+    config = FleetConfig()
+    estimate = FleetEstimate(random.Random(4))
+    hosts: list[tuple[Any, bool | None]] = [("a", True), ("b", True), ("c", True)]
+    first = next(t for t in range(0, 6 * S, S // 10) if estimate.order(t, hosts, config, 3))
+    assert estimate.starting(first) and not estimate.starting(FIRST_CLIENTS_READ_S * S)
+    asked = estimate._asked
+    for tries in range(1, FIRST_READ_TRIES + 1):
+        assert not estimate.settled()
+        estimate.fail(CASSANDRA_CLIENTS_QUERY, absent=False)
+        order = estimate.order(first + tries * S // 2, hosts, config, 3)  # at once
+        assert order is not None and order.key != asked
+        asked = order.key
+    estimate.fail(CASSANDRA_CLIENTS_QUERY, absent=False)
+    assert estimate.settled() and estimate.size(config) == config.default_size
+
+
+def test_a_client_whose_probe_waits_for_a_slot_judges_by_what_it_would_have_shown():
+    """In a fleet of 1,000 a client rarely has a probe slot for a node: a probe it wants
+    waits, and the health model judges by what that probe would have shown. Its request
+    hangs: after the probe's suspicion and its timeout with no answer, ERRORING (stalled),
+    sooner than ``stall_timeout``. The requests the stall caught answered (the driver's
+    count of the host's connections drained): back, HEALTHY, without a probe. A host that
+    answers meanwhile is not judged stalled."""
+    from tests.unit.test_probes import Cluster
+
+    pacer = FleetPacer(random.Random(5))
+    pacer.resize(own_period_s(1000, 20.0), 0)  # 56 s between slots
+    pool = {"h0": 0, "h1": 0, "h2": 0}
+
+    class Paced(Cluster):
+        def refresh(self) -> None:
+            self.held: set[str] = set()
+            super().refresh()
+            for key, stats in self.stats.items():
+                if key not in self.held:
+                    stats.probes.release()
+
+        def may_send(self, order: Any) -> bool:
+            # As the policy's refresh: a probe goes out only with a slot, else it waits.
+            if pacer.take(order.key, self.clock.now_ns(), self.config.probe_interval):
+                return True
+            order.stats.probes.hold(self.clock.now_ns(), order.reason, order.stats.in_flight)
+            self.held.add(order.key)
+            return False
+
+    cluster = Paced()
+    for key, stats in cluster.stats.items():
+        stats.read_in_flight_from(lambda key=key: pool[key])  # the driver's count
+    cluster.traffic(1.0)
+    cluster.stalled.add("h0")
+    cluster.request("h0")  # hangs
+    pool["h0"] += 1
+    start = cluster.clock.now_ns()
+    while cluster.state("h0") is not HealthState.ERRORING:
+        cluster.traffic(0.2, ("h1", "h2"))
+    health = cluster.model.health("h0")
+    assert health is not None and health.cause == "stall" and "budget" in health.reason
+    waited = (cluster.clock.now_ns() - start) / S
+    assert waited <= 1.4 < cluster.config.stall_timeout, waited  # 0.5 s suspicion + 0.5 s
+    cluster.traffic(1.0, ("h1", "h2"))
+    cluster.time_out("h0")  # the client's timeout: the driver still counts it (orphaned)
+    cluster.traffic(2.0, ("h1", "h2"))
+    assert cluster.state("h0") is HealthState.ERRORING  # still caught in the stall
+    cluster.stalled.discard("h0")
+    pool["h0"] = 0  # the node is back: the late answer frees the stream
+    cluster.traffic(0.2, ("h1", "h2"))
+    health = cluster.model.health("h0")
+    assert health is not None and health.state is HealthState.HEALTHY, health
+    assert "slot" in health.reason and cluster.probes_to("h0") == 0
+    # A host that answers while its probe waits is not stalled (busy, at most).
+    cluster.stalled.add("h1")
+    cluster.request("h1")
+    pool["h1"] += 1
+    cluster.traffic(0.8, ("h0", "h2"))  # suspected, its probe waiting
+    assert cluster.stats["h1"].probes.held_ns is not None
+    cluster.stalled.discard("h1")
+    cluster.request("h1")  # answers another request
+    cluster.traffic(0.6, ("h0", "h2"))
+    assert cluster.state("h1") is not HealthState.ERRORING
+    assert cluster.sent == []
+
+
+@pytest.mark.parametrize("paced", [False, True])
+def test_where_probes_wait_for_the_budget_a_host_unanswered_for_a_refresh_is_avoided(paced):
+    """A thin client in a large fleet has no probe for a host whose request hangs: it
+    places the host at SUSPECTED_PENALTY from the next refresh until an answer (no
+    verdict), so that it does not send it a second and a third request meanwhile."""
+    from adaptive_lb.health.probes import SUSPECTED_PENALTY
+    from tests.unit.test_probes import Cluster
+
+    cluster = Cluster()
+    cluster.model.paced = paced
+    cluster.traffic(1.0)
+    cluster.stalled.add("h0")
+    cluster.request("h0")  # hangs
+    cluster.traffic(0.4, ("h1", "h2"))
+    stats = cluster.stats["h0"]
+    assert stats.health_state is HealthState.HEALTHY
+    assert stats.health_penalty == (SUSPECTED_PENALTY if paced else 1.0)
+    assert cluster.stats["h1"].health_penalty == 1.0
+    cluster.stalled.discard("h0")
+    stats.on_success(400 * 1_000_000)  # it answers
+    cluster.traffic(0.2, ("h1", "h2"))
+    assert stats.health_penalty == 1.0
+
+
+def test_slots_drawn_on_learning_the_fleet_come_after_its_first_clients_reads():
+    """A client that learns at 1 s that it is one of 1,000 draws its slots from the end of
+    the fleet's first clients-table reads (5 s), not on top of them."""
+    pacer = FleetPacer(random.Random(6))
+    pacer.resize(own_period_s(1, 20.0), 0)
+    assert pacer.take("h", 0, 1.0)  # a lone client's pace: not binding
+    pacer.resize(own_period_s(1000, 20.0), 1 * S, round(FIRST_CLIENTS_READ_S * S))
+    assert not any(pacer.take("h", t, 1.0) for t in range(S, 5 * S, S // 5))
+    assert any(pacer.take("h", t, 1.0) for t in range(5 * S, 62 * S, S // 5))
+    # Its clients-table read of a node (at 0.5 s, the size then unknown) is its request of
+    # the first period to that node: its first slot comes a period after it.
+    pacer = FleetPacer(random.Random(7))
+    pacer.resize(own_period_s(1, 20.0), 0)
+    pacer.spend("g", S // 2)
+    pacer.resize(own_period_s(1000, 20.0), 1 * S, round(FIRST_CLIENTS_READ_S * S))
+    period = own_period_s(1000, 20.0)
+    assert not any(pacer.take("g", t, 1.0) for t in range(S, round((0.5 + period) * S), S // 5))
+    pacer.take("h", 200 * S, 1.0)
+    pacer.spend("h", 201 * S)  # and in the steady state
+    assert not any(pacer.take("h", t, 1.0) for t in range(201 * S, 201 * S + round(period * S), S))
