@@ -1,53 +1,21 @@
-"""Judgement proportional to the evidence: how many answers a verdict needs (pure logic).
+"""Judgement proportional to the evidence: the statistics every verdict rests on (pure logic).
 
-The tail rules of :mod:`adaptive_lb.health.rules` wait for ``health.min_samples`` answers
-in the window before they judge a host. A client sending ten requests a second never gets
-there (each of three hosts answers about three times a second), so a host 50 ms slower than
-its peers would never be judged. The rules here judge from fewer answers when the gap is
-large enough that few answers settle it:
+* **A median's gap** (:func:`samples_needed`, :func:`slow_by_evidence`): latencies are about
+  log-normal with the cluster's log-spread ``s`` (:func:`latency_spread`); the median of
+  ``n`` answers has a standard error of ``1.2533 * s / sqrt(n)`` in log space, so a host
+  whose median ``m`` is above ``outlier_factor`` x its peers' ``p`` is an outlier once
+  ``n >= (certainty * 1.2533 * s / ln(m / (outlier_factor * p))) ** 2``, never from fewer
+  than :data:`MIN_EVIDENCE` answers; its spread is floored by the client's jitter and
+  lateness, and its typical lateness is taken off its median first.
+* **A quantile's interval** (:func:`tail_ranks`, :func:`tail_percentiles`): distribution-free,
+  from the order statistics of ``n`` answers, at a false-alarm probability ``alpha``
+  (:func:`false_alarm`; :func:`twice_as_sure`: at ``alpha ** 2``).
+* **An error rate's lower bound** (:func:`error_rate_lower_bound`, Wilson's score interval).
 
-* **Slow.** A host's typical latency (its window's median, ``m``) against its peers'
-  (the median of their medians, ``p``). Latencies are roughly log-normal with a log-spread
-  ``s`` (:func:`latency_spread`, measured on the cluster); the median of ``n`` samples
-  has a standard error of about ``1.2533 * s / sqrt(n)`` in log space. The host is an
-  outlier when its median is above ``outlier_factor`` x ``p`` by more than ``certainty``
-  standard errors::
-
-      ln(m / (outlier_factor * p)) > certainty * 1.2533 * s / sqrt(n)
-      i.e.  n >= (certainty * 1.2533 * s / ln(m / (outlier_factor * p))) ** 2
-
-  (:func:`samples_needed`), and never from fewer than :data:`MIN_EVIDENCE` answers. With
-  the defaults (``certainty`` 3, ``outlier_factor`` 2, ``s`` 0.5): 50 ms among peers at
-  1 ms is settled by 3 answers, 10 ms by 3, 4 ms by 8, 3 ms by 22, 2.5 ms by 71; 1.9 ms
-  never (below the factor). The host's median must also be above ``health.slow_floor``.
-  The host's spread is at least what the client's own jitter makes it at its median
-  (``health.latency_factor.jitter``, :func:`adaptive_lb.stats.latency_factor.floored_spread`):
-  on a steady cluster (``s`` 0.2) a host at 3 ms among peers at 1.2 ms needs 24 answers,
-  not 12: 1 ms of the client's own noise on a few answers would look the same. When the
-  client was measurably later than that in the window (:mod:`adaptive_lb.stats.lateness`), its
-  lateness is the floor, and it is taken off the host's median first: a saturated client
-  serves its sockets in turn, and one equal node's median read 2.6-4.2 x its peers' over
-  hundreds of answers, and beside a CPU hog 5 answers at 4 ms among peers at 0.5 ms made
-  an equal node SLOW.
-* **Slow, by the tail.** From ``min_samples`` answers the tail rule judges a host by its
-  latency at ``percentile`` (p99) against ``outlier_factor`` x its peers'. Over ``n``
-  answers p99 is the ``n // 100 + 1``-th slowest: at 128 answers, the second slowest.
-  A stall of the client's own (a garbage collection, a starved process) delays every
-  request in flight at that moment, whichever host it went to: the host that happened to
-  have two of them in flight shows the stall as its p99, its peers with one each do not.
-  So the tail too must rest on :data:`MIN_EVIDENCE` answers: the host's latency at
-  ``100 * (n - 2) / n`` (its third slowest answer) must be above the threshold as well,
-  when that is below ``percentile`` (:func:`support_percentile`; p99 from 200 answers on
-  rests on 3 by itself).
-* **Erroring.** The error rate's lower confidence bound (Wilson's score interval,
-  ``certainty`` standard deviations) above ``health.error_rate``: 4 failures in 4
-  requests are enough, 5 in 10 are not (:func:`error_rate_lower_bound`).
-
-These add to the tail rules, which keep judging busy hosts as before. No driver import, no
-state: the health model computes the inputs at each refresh, never per request.
-
-Imports the config, the statistics, the jitter floor of :mod:`adaptive_lb.stats.latency_factor` and
-the lateness discount of :mod:`adaptive_lb.stats.lateness`.
+docs/design.md ("Judgement proportional to the evidence", "Judging without false alarms")
+gives the figures. Imports the config, the statistics, the jitter floor of
+:mod:`adaptive_lb.stats.latency_factor` and the lateness discount of
+:mod:`adaptive_lb.stats.lateness`.
 """
 
 from __future__ import annotations

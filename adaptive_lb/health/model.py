@@ -13,7 +13,7 @@ Every public name of the health rules (:mod:`adaptive_lb.health.rules`,
 :mod:`adaptive_lb.health.verdict`, the peers' medians of :mod:`adaptive_lb.health.peers`) is
 importable from here too.
 
-May import: its own package (rules, verdict, baselines, evidence, peers, probes, silence)
+May import: its own package (rules, verdict, baselines, evidence, peers, probes)
 and the packages below it (statistics, locality, config, clock).
 """
 
@@ -33,7 +33,6 @@ from adaptive_lb.health.evidence import body_percentile, bound_percentiles
 from adaptive_lb.health.peers import peer_median, peer_medians
 from adaptive_lb.health.probes import judge
 from adaptive_lb.health.rules import Baseline, assess
-from adaptive_lb.health.silence import SilenceClocks
 from adaptive_lb.health.verdict import HostHealth, warming_penalty
 from adaptive_lb.plan.locality import RackDistances
 from adaptive_lb.stats.health_state import HealthState
@@ -98,8 +97,12 @@ class HealthModel:
         self._forgotten: set[Hashable] = set()
         """Keys forgotten while a refresh runs (it must not re-add them)."""
         self._refreshing = False
-        self._silence = SilenceClocks()
-        """How long each host has gone unanswered (the stall rule, suspicion)."""
+        self._answered: dict[Hashable, tuple[int, int]] = {}
+        """Per host: (answers at the last refresh, since when it has had tracked requests in
+        flight without a new one, ns): the stall clock."""
+        self._heard: dict[Hashable, tuple[tuple[int, int | None], int]] = {}
+        """Per host: (answers and last probe answer at the last refresh, since when it has
+        had requests in flight by the driver's count without either changing, ns)."""
         self._next_refresh_ns = 0
         self.rack_distances = RackDistances()
         """Each rack's distance from this client (refreshed with ``racks``)."""
@@ -187,7 +190,7 @@ class HealthModel:
         with self._state_lock:
             self._health.pop(key, None)
             self._windows.pop(key, None)
-            self._silence.forget(key)
+            self._forget_silence(key)
             self.stalled.pop(key, None)
             self.unanswered.pop(key, None)
             self._unreported.pop(key, None)
@@ -216,15 +219,7 @@ class HealthModel:
         time; never waits)."""
         if self._clock.now_ns() < self._next_refresh_ns:
             return None
-        if not self._refresh_lock.acquire(blocking=False):
-            return None
-        try:
-            # Another thread may have refreshed between the compare and the acquire.
-            if self._clock.now_ns() < self._next_refresh_ns:
-                return None
-            return self._refresh(stats, groups, is_known, racks)
-        finally:
-            self._refresh_lock.release()
+        return self._refresh(stats, groups, is_known, racks, due=True)
 
     def refresh(
         self,
@@ -246,8 +241,7 @@ class HealthModel:
         denies (removed since ``stats`` was taken) gets no verdict. The caller must
         publish a removal before calling :meth:`forget`, so that a removal racing the
         refresh is seen by one or the other."""
-        with self._refresh_lock:
-            return self._refresh(stats, groups, is_known, racks)
+        return self._refresh(stats, groups, is_known, racks, due=False) or []
 
     def _refresh(
         self,
@@ -255,15 +249,25 @@ class HealthModel:
         groups: Mapping[Hashable, Hashable],
         is_known: Callable[[Hashable], bool] | None,
         racks: Mapping[Hashable, Hashable] | None,
-    ) -> list[HealthTransition]:
-        with self._state_lock:
-            self._refreshing = True
+        due: bool,
+    ) -> list[HealthTransition] | None:
+        """One refresh at a time; ``due``: only if still due, never waiting for the lock."""
+        if not self._refresh_lock.acquire(blocking=not due):
+            return None
         try:
-            return self._assess_all(stats, groups, is_known, racks)
-        finally:
+            # Another thread may have refreshed between the compare and the acquire.
+            if due and self._clock.now_ns() < self._next_refresh_ns:
+                return None
             with self._state_lock:
-                self._refreshing = False
-                self._forgotten.clear()
+                self._refreshing = True
+            try:
+                return self._assess_all(stats, groups, is_known, racks)
+            finally:
+                with self._state_lock:
+                    self._refreshing = False
+                    self._forgotten.clear()
+        finally:
+            self._refresh_lock.release()
 
     def _assess_all(
         self,
@@ -304,15 +308,14 @@ class HealthModel:
                     self._forgotten.add(key)
                     continue
                 host = stats[key]
-                stalled[key] = self._silence.stalled_s(key, host, window.in_flight, now)
-                unanswered[key] = max(stalled[key], self._silence.unanswered_s(key, host, now))
+                stalled[key], unanswered[key] = self._silence_s(key, host, window.in_flight, now)
                 transition = self._judge(key, host, window, refresh, stalled[key], now)
                 if transition is not None:
                     transitions.append(transition)
                     self._unreported[key] = transition
             for key in self._forgotten:
                 windows.pop(key, None)
-                self._silence.forget(key)
+                self._forget_silence(key)
                 self._health.pop(key, None)
                 self._unreported.pop(key, None)
             self._windows = windows
@@ -322,6 +325,29 @@ class HealthModel:
         for transition in transitions:
             self._log(transition)
         return transitions
+
+    def _silence_s(
+        self, key: Hashable, host: HostStats, in_flight: int, now_ns: int
+    ) -> tuple[float, float]:
+        """Seconds ``key`` has been *stalled* (``in_flight`` tracked attempts and no tracked
+        answer: the stall rule) and *unanswered* (requests in flight by the driver's count,
+        untracked ones too, and neither a tracked answer nor a probe answer: what makes it
+        suspected and probed, whichever of its requests were sampled). A timeout is not an
+        answer. Under the state lock."""
+        answers = host.requests_total - host.timeouts_total
+        answered = self._answered.get(key)
+        if answered is None or answered[0] != answers or in_flight <= 0:
+            answered = self._answered[key] = (answers, now_ns)
+        heard_now = (answers, host.probes.last_answer_ns)
+        heard = self._heard.get(key)
+        if heard is None or heard[0] != heard_now or host.in_flight <= 0:
+            heard = self._heard[key] = (heard_now, now_ns)
+        stalled = (now_ns - answered[1]) / _NS
+        return stalled, max(stalled, (now_ns - heard[1]) / _NS)
+
+    def _forget_silence(self, key: Hashable) -> None:
+        self._answered.pop(key, None)
+        self._heard.pop(key, None)
 
     def _judge(
         self,
