@@ -1,17 +1,14 @@
 """What each host is compared with at a health refresh (pure logic, no driver import).
 
-:func:`compare` computes, once per refresh and for every host, its
-:class:`~adaptive_lb.health.slowness.Baseline` -- its true peers' numbers
-(:mod:`adaptive_lb.health.peers`: the median of their tails, of their tails' upper bounds,
-of their bodies and of their medians), the cluster's spread and the client's own lateness
--- and what else the rules weigh: how many answers the peers' medians rest on, what a
-probed host's round trips say (:mod:`adaptive_lb.health.probe_latency`), and the answers
-since a host's suspicion (the second, disjoint sample of :mod:`adaptive_lb.health.slowness`).
-Each rack's distance from the client is measured here too, from the hosts that were HEALTHY
-at the last refresh, before any host is judged.
+:func:`compare` computes once per refresh, for every host, its
+:class:`~adaptive_lb.health.slowness.Baseline` (its true peers' tails, tails' upper bounds,
+bodies and medians, :mod:`adaptive_lb.health.peers`; the cluster's spread; the client's
+lateness), how many answers the peers' medians rest on, what a probed host's round trips
+say (:mod:`adaptive_lb.health.probe_latency`) and the answers since a host's suspicion (the
+second, disjoint sample). Each rack's distance is measured here too, from the hosts that
+were HEALTHY at the last refresh, before any host is judged.
 
-Imports its own package (peers, evidence, slowness, probe latency, the verdict's type) and
-the statistics, locality and config below it.
+Imports its own package and the statistics, locality and config below it.
 """
 
 from __future__ import annotations

@@ -72,9 +72,7 @@ def latency_spread(windows: Iterable[WindowStats]) -> float:
     """The cluster's log-spread of latency: the median over hosts with
     :data:`SPREAD_SAMPLES` answers of ``ln(p95 / p50) / 1.645`` (the sigma of a log-normal
     with those percentiles), at least :data:`MIN_SPREAD`; :data:`DEFAULT_SPREAD` when no
-    host qualifies. Measured on every host, slow ones included: a slow host widens its own
-    spread only if it is slow some of the time, and the median keeps one host from
-    deciding."""
+    host qualifies (the median keeps one slow host from deciding)."""
     spreads = []
     for window in windows:
         p50, p95 = window.latency.get(50.0), window.latency.get(95.0)
@@ -112,16 +110,13 @@ def false_alarm(certainty: float) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def tail_ranks(samples: int, percentile: float, alpha: float) -> tuple[int, int]:
-    """``(low, high)``: how many of ``samples`` answers lie at or above the order statistics
-    that bound the ``percentile`` quantile from below and from above, each with confidence
-    ``1 - alpha`` (distribution-free: the count of answers above the true quantile is
-    Binomial(samples, q), ``q = 1 - percentile / 100``). ``low`` is the smallest count ``k``
-    with ``P(Binomial >= k) <= alpha``: the ``low``-th slowest answer is below the true
-    quantile with probability ``1 - alpha``, so when it is slow the quantile is slow. ``high``
-    is the largest ``k`` with ``P(Binomial < k) <= alpha`` (at least 1: the slowest answer),
-    the ``high``-th slowest answer then lies above the quantile. With ``alpha`` 0.00135: p99
-    of 50 answers lies above the 5th slowest and below the slowest; of 1,000, between the
-    22nd slowest and the 2nd."""
+    """``(low, high)``: the ranks from the slowest of the order statistics of ``samples``
+    answers that bound the ``percentile`` quantile from below and from above, each with
+    confidence ``1 - alpha`` (distribution-free: the count of answers above the true
+    quantile is Binomial(samples, q), ``q = 1 - percentile / 100``; ``low`` is the smallest
+    ``k`` with ``P(Binomial >= k) <= alpha``, ``high`` the largest with ``P(Binomial < k) <=
+    alpha``, at least 1). At ``alpha`` 0.00135, p99 of 1,000 answers lies between the 22nd
+    slowest and the 2nd."""
     q = max(0.0, min(1.0, 1.0 - percentile / 100.0))
     if samples <= 0 or q <= 0.0:
         return samples + 1, 1
@@ -144,10 +139,8 @@ def tail_ranks(samples: int, percentile: float, alpha: float) -> tuple[int, int]
 
 def body_percentile(percentile: float) -> float:
     """The percentile of a host's *body*: ten times as many answers above it as above
-    ``percentile`` (p90 for p99, at least p50). A host whose body is surely above the tail's
-    threshold is slow through and through, not in its tail only, and a burst of the
-    client's own lateness does not reach a tenth of one host's answers in a window without
-    reaching its peers'."""
+    ``percentile`` (p90 for p99, at least p50): a burst of the client's own lateness does
+    not reach a tenth of one host's answers without reaching its peers'."""
     return max(50.0, 100.0 - BODY_SHARE * (100.0 - percentile))
 
 
@@ -156,11 +149,9 @@ def tail_percentiles(
 ) -> tuple[float, float, float] | None:
     """The percentiles of a window of ``samples`` answers at which the lower and upper
     confidence bounds of its latency at ``health.percentile`` lie, and the lower bound at
-    :func:`body_percentile` (:func:`tail_ranks` at :func:`false_alarm` of
-    ``health.certainty``), as a histogram reads them; None with fewer than
-    :data:`MIN_EVIDENCE` answers, or when the tail's lower bound would need more answers
-    above it than the window holds. ``certainty``: of the bounds (default
-    ``health.certainty``)."""
+    :func:`body_percentile` (:func:`tail_ranks` at ``certainty``, default
+    ``health.certainty``); None with fewer than :data:`MIN_EVIDENCE` answers, or when the
+    tail's lower bound would need more answers than the window holds."""
     if samples < MIN_EVIDENCE:
         return None
     alpha = false_alarm(config.certainty if certainty is None else certainty)
@@ -199,13 +190,10 @@ def slow_by_evidence(
     certainty: float | None = None,
 ) -> str | None:
     """Why the host is a latency outlier by the evidence (its median against
-    ``peer_typical``, its peers' median of medians, at the cluster's ``spread`` or the
-    jitter's at the host's median, whichever is larger), or None while it is not (yet).
-    ``least``: the fewest answers that may decide (1 for a host just back from SLOW: the
-    evidence that sent it there is the rest). ``lateness_s``: the client's own lateness
-    over the window (:mod:`adaptive_lb.stats.lateness`): taken off the host's median
-    (:func:`~adaptive_lb.stats.lateness.discounted`) and the jitter floor when it is larger.
-    ``certainty``: standard errors of confidence (default ``health.certainty``)."""
+    ``peer_typical``, its peers' median of medians; see the module docstring), or None
+    while it is not (yet). ``least``: the fewest answers that may decide. ``lateness_s``:
+    the client's own lateness, taken off the host's median and the jitter floor when it
+    is larger. ``certainty``: standard errors of confidence (default ``health.certainty``)."""
     typical = window.latency.get(50.0)
     if typical is None or not peer_typical:
         return None
@@ -243,8 +231,7 @@ def typical_samples(
     windows: Mapping[Hashable, WindowStats], groups: Mapping[Hashable, Hashable]
 ) -> dict[Hashable, int]:
     """Per group, the median sample count of its hosts with ``MIN_EVIDENCE`` answers: about
-    how many answers of each peer the evidence rules' peer median rests on (the latency
-    factor weighs its uncertainty too)."""
+    how many answers of each peer the evidence rules' peer median rests on."""
     counts: dict[Hashable, list[int]] = {}
     for key, window in windows.items():
         if window.samples >= MIN_EVIDENCE:
@@ -256,8 +243,7 @@ def upper_bound_windows(
     windows: Mapping[Hashable, WindowStats], config: HealthConfig
 ) -> dict[Hashable, WindowStats]:
     """Each window with its latency at ``health.percentile`` replaced by that percentile's
-    upper confidence bound (:func:`~adaptive_lb.health.evidence.tail_percentiles`; None without
-    one), for :func:`~adaptive_lb.health.peers.peer_medians`."""
+    upper confidence bound (None without one), for the peers' median of it."""
     percentile = float(config.percentile)
     upper = {}
     for key, window in windows.items():
@@ -268,9 +254,8 @@ def upper_bound_windows(
 
 
 def bound_percentiles(samples: int, config: HealthConfig) -> list[float] | None:
-    """The percentiles a window of ``samples`` answers is read at for the health rules'
-    confidence bounds (:func:`~adaptive_lb.health.evidence.tail_percentiles`), at
-    ``health.certainty`` and twice as sure (:func:`~adaptive_lb.health.evidence.twice_as_sure`)."""
+    """The percentiles a window of ``samples`` answers is read at for the confidence bounds
+    of :func:`tail_percentiles`, at ``health.certainty`` and :func:`twice_as_sure`."""
     bounds = tail_percentiles(samples, config)
     if bounds is None:
         return None

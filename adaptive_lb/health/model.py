@@ -1,20 +1,14 @@
 """Health model: keeps each host's verdict and refreshes it from the host's statistics.
 
-:class:`HealthModel` holds the verdicts (state, locks), and every ``refresh_interval``
-computes each host's window once, applies the pure rules of :mod:`adaptive_lb.health.rules`
-(:func:`assess`, against what :mod:`adaptive_lb.health.baselines` compares it with) and
-publishes the
-result on the host's :class:`~adaptive_lb.stats.host.HostStats` (``health_penalty``,
-``health_state``), which the policy's hot path reads without a lock; it logs each
-transition and keeps it for the next trace that touches the host. Percentiles are computed
-only here, never per request. No driver import: hosts are plain keys.
+Every ``refresh_interval`` :class:`HealthModel` computes each host's window once (the only
+place percentiles are computed, never per request), applies :func:`assess` against what
+:mod:`adaptive_lb.health.baselines` compares it with, and publishes the result on the host's
+:class:`~adaptive_lb.stats.host.HostStats` (penalty, state, latency factor), which the hot
+path reads without a lock; it logs each transition and keeps it for the next trace that
+touches the host. No driver import: hosts are plain keys. The health rules' public names
+(:mod:`adaptive_lb.health.rules`, the verdict, the peers' medians) are importable from here.
 
-Every public name of the health rules (:mod:`adaptive_lb.health.rules`,
-:mod:`adaptive_lb.health.verdict`, the peers' medians of :mod:`adaptive_lb.health.peers`) is
-importable from here too.
-
-May import: its own package (rules, verdict, baselines, evidence, peers, probes)
-and the packages below it (statistics, locality, config, clock).
+May import: its own package and the packages below it (statistics, locality, config, clock).
 """
 
 from __future__ import annotations
@@ -85,8 +79,8 @@ class HealthModel:
         self._window_s = window_s
         self._intervals = intervals
         self.lateness = ClientLateness(window_s, intervals)
-        """How late the client's own timer fires, over the statistics window (fed by the
-        refresh thread, or the simulator): what the client itself may add to an answer."""
+        """How late the client's own timer fires (fed by the refresh thread, or the
+        simulator): what the client itself may add to an answer."""
         self._health: dict[Hashable, HostHealth] = {}
         self._windows: dict[Hashable, WindowStats] = {}
         self._unreported: dict[Hashable, HealthTransition] = {}
@@ -107,22 +101,18 @@ class HealthModel:
         self.rack_distances = RackDistances()
         """Each rack's distance from this client (refreshed with ``racks``)."""
         self.thin_rack_distances = RackDistances()
-        """The same from hosts with a few answers (``MIN_EVIDENCE``), for the evidence
-        rules: a client with thin traffic never has ``min_samples`` on a host."""
+        """The same from hosts with a few answers (``MIN_EVIDENCE``), for the evidence rules."""
         self.refreshes = 0
         """Refreshes done (for tests and diagnostics)."""
         self.probing = False
-        """Active probes are being sent (:mod:`adaptive_lb.runtime.prober` sets it while it runs):
-        then their outcomes judge a host too, and no user request is a probe
-        (:func:`adaptive_lb.health.probes.judge`); without, a stalled or erroring host is tried
-        again with user requests (``health.probe_interval`` 0 does the same)."""
+        """Active probes are being sent (:mod:`adaptive_lb.runtime.prober` sets it while it
+        runs): their outcomes judge a host too (:func:`adaptive_lb.health.probes.judge`);
+        without, a stalled or erroring host is tried again with user requests."""
         self.stalled: dict[Hashable, float] = {}
         """Per host, at the last refresh: seconds with requests in flight and no answer."""
         self.unanswered: dict[Hashable, float] = {}
-        """Per host, at the last refresh: seconds with requests in flight by the driver's
-        count (untracked ones too) and no tracked answer nor probe answer: what makes a
-        host suspected, and probed (:mod:`adaptive_lb.health.probes`), whichever of its requests
-        happened to be tracked."""
+        """Per host, at the last refresh: seconds unanswered (:meth:`_silence_s`): what makes
+        a host suspected and probed (:mod:`adaptive_lb.health.probes`)."""
 
     @property
     def config(self) -> HealthConfig:
@@ -228,19 +218,14 @@ class HealthModel:
         is_known: Callable[[Hashable], bool] | None = None,
         racks: Mapping[Hashable, Hashable] | None = None,
     ) -> list[HealthTransition]:
-        """Compute every host's window once, the peer medians per group (a host's peers are
-        the other hosts of its group, e.g. its datacenter; hosts missing from ``groups``
-        form one group), and the new verdicts; publish them on the hosts' stats and return
-        the transitions. Waits for a refresh in progress.
-
-        ``racks`` (host -> rack), when given, makes the peers true peers: the host's rack,
-        else its group corrected by each rack's distance (:mod:`adaptive_lb.health.peers`),
-        kept in :attr:`rack_distances`.
-
+        """Compute every host's window once and the new verdicts against its peers (the
+        other hosts of its group, e.g. its datacenter; hosts missing from ``groups`` form one
+        group; with ``racks``, true peers, :mod:`adaptive_lb.health.peers`); publish them on
+        the hosts' stats and return the transitions. Waits for a refresh in progress.
         ``is_known(key)``, when given, is asked while the verdicts are applied: a key it
-        denies (removed since ``stats`` was taken) gets no verdict. The caller must
-        publish a removal before calling :meth:`forget`, so that a removal racing the
-        refresh is seen by one or the other."""
+        denies (removed since ``stats`` was taken) gets no verdict. The caller must publish a
+        removal before calling :meth:`forget`, so that a removal racing the refresh is seen
+        by one or the other."""
         return self._refresh(stats, groups, is_known, racks, due=False) or []
 
     def _refresh(

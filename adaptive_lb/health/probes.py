@@ -31,8 +31,8 @@ since its last probe. A healthy host answering its user requests is never probed
   healthy replica's 0.5 s probe timeout sent its traffic to a non-replica) -- and one that
   failed ERRORING (cause ``errors``), at once; unless a later probe answered;
 * a *stalled* host gets no user request (no user-request probe,
-  :class:`~adaptive_lb.health.way_back.Probe`) until a probe answers after its verdict, its
-  hold (:func:`~adaptive_lb.health.way_back.hold_s`) is over and nothing caught in the stall
+  :class:`~adaptive_lb.health.verdict.Probe`) until a probe answers after its verdict, its
+  hold (:func:`~adaptive_lb.health.verdict.hold_s`) is over and nothing caught in the stall
   is in flight on it; then it is HEALTHY at once: the probe waited behind whatever the
   stall had queued, so the host is serving again and nothing in it is cold (a warm-up of
   ``min_state_duration`` would keep a thin client off it that long; a relapse is still
@@ -54,8 +54,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from attrs import define, evolve
 
 from adaptive_lb.config import HealthConfig
-from adaptive_lb.health.verdict import HostHealth
-from adaptive_lb.health.way_back import hold_s
+from adaptive_lb.health.verdict import HostHealth, hold_s
 from adaptive_lb.stats.health_state import HealthState
 from adaptive_lb.stats.host import HostStats, WindowStats
 from adaptive_lb.stats.probe_record import TIMEOUT, ProbeRecord

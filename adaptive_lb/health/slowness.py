@@ -1,15 +1,14 @@
 """Whether a host is slower than its peers, at a stated false-alarm budget (pure logic).
 
-Three ways, each a confidence statement at a given certainty: the host's median against its
-peers' (:func:`~adaptive_lb.health.evidence.slow_by_evidence`), and the lower confidence bounds of
-its body (p90) and of its tail (p99) above a threshold made from its peers' (the same
-percentile, x ``outlier_factor``) plus the client's own lateness
-(:func:`~adaptive_lb.health.evidence.tail_percentiles`). :class:`Gap` says which, with the
-numbers. :func:`judge_slowness` asks it at each refresh, against the host's
-:class:`Baseline`: a verdict needs evidence at alpha squared, from the window alone (twice
-as sure) or at alpha from the window (a *suspicion*) and again from the answers of the
-window's intervals entered since (a disjoint sample: a burst of the client's own lateness
-is not in both). :mod:`adaptive_lb.health.rules` turns the answer into states.
+Three tests, each a confidence statement at a given certainty (:meth:`Baseline.gap`): the
+host's median against its peers' (:func:`~adaptive_lb.health.evidence.slow_by_evidence`),
+and the lower confidence bounds of its body (p90) and of its tail (p99) above a threshold
+made from its peers' (the same percentile, x ``outlier_factor``) plus the client's own
+lateness (:meth:`Baseline.thresholds`). :func:`judge_slowness` asks them at each refresh: a
+verdict needs evidence at alpha squared, from the window alone (twice as sure) or at alpha
+from the window (a *suspicion*) and again from the answers of the window's intervals
+entered since (a disjoint sample: a burst of the client's own lateness is not in both).
+:mod:`adaptive_lb.health.rules` turns the answer into states.
 
 Imports the config, the statistics' window type and :mod:`adaptive_lb.health.evidence`.
 """
@@ -29,69 +28,17 @@ from adaptive_lb.health.evidence import (
 )
 from adaptive_lb.stats.host import WindowStats
 
-__all__ = ["Baseline", "Gap", "Slowness", "above", "judge_slowness", "threshold_text"]
+__all__ = ["Baseline", "Slowness", "judge_slowness", "seconds_text"]
 
 _NS = 1_000_000_000
 
 
-def _s(seconds: float | None) -> str:
+def seconds_text(seconds: float | None) -> str:
+    """``seconds`` as a verdict's reason shows them (``n/a``: unknown)."""
     return "n/a" if seconds is None else f"{seconds:.4f}s"
 
 
-def above(latency: float | None, threshold: float | None) -> bool:
-    """Whether ``latency`` is known and above a known ``threshold``."""
-    return latency is not None and threshold is not None and latency > threshold
-
-
-def threshold_text(
-    config: HealthConfig,
-    peers: float | None,
-    bound: float | None,
-    lateness_s: float,
-    body: bool = False,
-) -> str:
-    """How a threshold was made, for the reason of a verdict: ``outlier_factor`` x the
-    peers' ``peers`` (their p99, or their p90 with ``body``), their upper ``bound`` when
-    there is one, ``slow_floor``, plus the client's lateness."""
-    which = f"p{body_percentile(config.percentile):g}" if body else f"p{config.percentile:g}"
-    parts = [f"{config.outlier_factor:.1f} x peer median {which} {_s(peers)}"]
-    if bound is not None:
-        parts.append(f"peer bound {_s(bound)}")
-    parts.append(f"floor {_s(config.slow_floor)}")
-    return f"max({', '.join(parts)}) + client lateness {_s(lateness_s)}"
-
-
-@define(frozen=True)
-class Gap:
-    """Why a sample of a host's answers shows it slower than its peers at a certainty
-    (None: it does not): its median (:func:`~adaptive_lb.health.evidence.slow_by_evidence`), its
-    body or its tail (their lower confidence bounds,
-    :func:`~adaptive_lb.health.evidence.tail_percentiles`, above ``body`` and ``tail``: a threshold
-    and how it was made)."""
-
-    config: HealthConfig
-    peer_typical: float | None
-    spread: float
-    least: int
-    lateness_s: float
-    tail: tuple[float | None, str]
-    body: tuple[float | None, str]
-
-    def __call__(self, sample: WindowStats, certainty: float, tails: bool) -> str | None:
-        config = self.config
-        why = slow_by_evidence(
-            sample, self.peer_typical, self.spread, config, self.least, self.lateness_s, certainty
-        )
-        if why is not None or not tails:
-            return why
-        bounds = tail_percentiles(sample.samples, config, certainty)
-        if bounds is None:
-            return None
-        for (threshold, made), at in ((self.body, bounds[2]), (self.tail, bounds[0])):
-            value = sample.latency.get(at)
-            if above(value, threshold):
-                return f"p{at:.3g} {_s(value)} > {_s(threshold)} = {made}, {sample.samples} samples"
-        return None
+_s = seconds_text
 
 
 @define(frozen=True, slots=True)
@@ -116,28 +63,54 @@ class Baseline:
     typical_lateness_s: float = 0.0
     """Its median lateness: taken off the host's median by the median rule."""
 
-    def gap(self, config: HealthConfig, least: int = MIN_EVIDENCE) -> Gap:
-        """The tests against this baseline: the tail's threshold is ``outlier_factor`` x
-        the peers' estimate and above the peers' own upper confidence bound, plus what the
-        client itself may have added to any answer; ``least``: the fewest answers the
-        median rule may decide on."""
-        late, tail, body = self.lateness_s, self.tail, self.body
-        threshold = None
-        if tail is not None:
-            threshold = max(config.outlier_factor * tail, self.tail_bound or 0.0, config.slow_floor)
-            threshold += late
-        body_threshold = None
-        if body is not None:
-            body_threshold = max(config.outlier_factor * body, config.slow_floor) + late
-        return Gap(
-            config,
-            self.typical,
-            self.spread,
-            least,
-            self.typical_lateness_s,
-            (threshold, threshold_text(config, tail, self.tail_bound, late)),
-            (body_threshold, threshold_text(config, body, None, late, body=True)),
+    def thresholds(self, config: HealthConfig) -> tuple[float | None, float | None]:
+        """The tail's and the body's SLOW thresholds: ``outlier_factor`` x the peers' (the
+        tail's above their upper confidence bound too), at least ``slow_floor``, plus what
+        the client itself may have added to any answer; None without the peers' number."""
+        late, tail, body = self.lateness_s, None, None
+        if self.tail is not None:
+            tail = max(config.outlier_factor * self.tail, self.tail_bound or 0.0, config.slow_floor)
+            tail += late
+        if self.body is not None:
+            body = max(config.outlier_factor * self.body, config.slow_floor) + late
+        return tail, body
+
+    def gap(
+        self,
+        sample: WindowStats,
+        config: HealthConfig,
+        certainty: float,
+        tails: bool,
+        least: int = MIN_EVIDENCE,
+    ) -> str | None:
+        """Why ``sample`` shows its host slower than its peers at ``certainty`` (None: it
+        does not): its median, or (``tails``) the lower confidence bound of its body or its
+        tail above its threshold. ``least``: the fewest answers the median may decide on."""
+        why = slow_by_evidence(
+            sample, self.typical, self.spread, config, least, self.typical_lateness_s, certainty
         )
+        if why is not None or not tails:
+            return why
+        bounds = tail_percentiles(sample.samples, config, certainty)
+        if bounds is None:
+            return None
+        tail, body = self.thresholds(config)
+        for threshold, at, is_body in ((body, bounds[2], True), (tail, bounds[0], False)):
+            value = sample.latency.get(at)
+            if value is not None and threshold is not None and value > threshold:
+                made = self._threshold_text(config, is_body)
+                return f"p{at:.3g} {_s(value)} > {_s(threshold)} = {made}, {sample.samples} samples"
+        return None
+
+    def _threshold_text(self, config: HealthConfig, body: bool) -> str:
+        """How a threshold was made, for the reason of a verdict."""
+        pct = body_percentile(config.percentile) if body else config.percentile
+        peers = self.body if body else self.tail
+        parts = [f"{config.outlier_factor:.1f} x peer median p{pct:g} {_s(peers)}"]
+        if not body and self.tail_bound is not None:
+            parts.append(f"peer bound {_s(self.tail_bound)}")
+        parts.append(f"floor {_s(config.slow_floor)}")
+        return f"max({', '.join(parts)}) + client lateness {_s(self.lateness_s)}"
 
 
 @define(frozen=True, slots=True)
@@ -175,10 +148,10 @@ def judge_slowness(
     gap will do."""
     latency = window.latency.get(float(config.percentile))
     tails = window.samples >= config.min_samples and latency is not None
-    gap = baseline.gap(config, 1 if relapsing else MIN_EVIDENCE)
-    strong_why = gap(window, twice_as_sure(config.certainty), tails)
-    weak_why = strong_why or gap(window, config.certainty, tails)
-    threshold = gap.tail[0]
+    least = 1 if relapsing else MIN_EVIDENCE
+    strong_why = baseline.gap(window, config, twice_as_sure(config.certainty), tails, least)
+    weak_why = strong_why or baseline.gap(window, config, config.certainty, tails, least)
+    threshold = baseline.thresholds(config)[0]
     if weak_why is None:
         return Slowness(threshold=threshold)
     since, interval = suspected
@@ -191,7 +164,7 @@ def judge_slowness(
         ratio = low / threshold
     why = strong_why
     if why is None and recent is not None and recent.interval == window.interval:
-        again = gap(recent, config.certainty, True)
+        again = baseline.gap(recent, config, config.certainty, True, least)
         if again is not None:
             held_s = (now_ns - since) / _NS
             why = f"{weak_why}; again in the {recent.samples} answers of the last {held_s:.1f}s"

@@ -137,13 +137,10 @@ class LatencyRecord:
         """Fold the host's window at ``now_ns`` (its median ``median_s`` over ``samples``
         answers, against its peers' ``peer_s`` from about ``peer_samples`` answers a host)
         into the envelope; the new factor. ``held``: its probes say it is still clearly
-        slow (:mod:`adaptive_lb.health.probe_latency`): the envelope does not decay meanwhile.
-        ``suspect_ratio``: how far its tail's lower confidence bound is above the SLOW
-        threshold while that has not persisted long enough for a verdict
-        (:mod:`adaptive_lb.health.rules`): the factor is at least that ratio meanwhile, the
-        ramp before the verdict. ``lateness_s``: the client's own lateness over the window
-        (:mod:`adaptive_lb.stats.lateness`): taken off the host's median, and the jitter floor
-        when it is larger."""
+        slow: no decay meanwhile. ``suspect_ratio``: its tail's lower bound over the SLOW
+        threshold while suspected: the factor is at least that, the ramp before the verdict.
+        ``lateness_s``: the client's own lateness, taken off the host's median, and the
+        jitter floor when it is larger."""
         bounds: tuple[float, float] | None = None
         if median_s and peer_s and median_s > 0 and peer_s > 0 and samples > 0 < peer_samples:
             jitter = max(config.jitter, lateness_s)
