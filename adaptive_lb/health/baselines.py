@@ -86,17 +86,9 @@ def compare(
     typical = peer_medians(windows, groups, config, racks, thin, 50.0, MIN_EVIDENCE, strict=True)
     spread = latency_spread(windows.values())
     peer_samples = typical_samples(windows, groups)
-    lateness_s, typical_lateness_s = lateness.high(now), lateness.typical(now)
+    late = (lateness.high(now), lateness.typical(now))  # the largest, and the typical
     baselines = {
-        key: Baseline(
-            medians[key],
-            bounds[key],
-            bodies[key],
-            typical[key],
-            spread,
-            lateness_s,
-            typical_lateness_s,
-        )
+        key: Baseline(medians[key], bounds[key], bodies[key], typical[key], spread, *late)
         for key in windows
     }
     # A probed host's round trips say whether it is still clearly slow (probe_latency).

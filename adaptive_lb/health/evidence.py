@@ -29,7 +29,7 @@ from attrs import evolve
 
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.stats.host import WindowStats
-from adaptive_lb.stats.latency_factor import floored_spread
+from adaptive_lb.stats.latency_factor import MEDIAN_SE, floored_spread
 from adaptive_lb.stats.lateness import discounted
 
 __all__ = [
@@ -64,7 +64,6 @@ BODY_SHARE = 10.0
 """How many times the tail's share of answers a host's body holds (:func:`body_percentile`)."""
 SPREAD_SAMPLES = 10
 """Answers a host needs before its p95 / p50 counts in :func:`latency_spread`."""
-_MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median / of a mean (normal)
 _Z95 = 1.6449  # standard normal quantile of 0.95
 
 
@@ -92,7 +91,7 @@ def samples_needed(
     if not ratio > outlier_factor:
         return math.inf
     margin = math.log(ratio / outlier_factor)
-    return max(float(least), (certainty * _MEDIAN_SE * spread / margin) ** 2)
+    return max(float(least), (certainty * MEDIAN_SE * spread / margin) ** 2)
 
 
 def twice_as_sure(certainty: float) -> float:

@@ -49,8 +49,8 @@ log = logging.getLogger("adaptive_lb.health")
 
 _NS = 1_000_000_000
 _REPORTED_PERCENTILES = (10.0, 50.0, 95.0, 99.0)
-"""Percentiles computed at each refresh besides the configured one (snapshots, exporters;
-p10: the reference of a probe's round trip, :mod:`adaptive_lb.health.probe_latency`)."""
+"""Percentiles computed at each refresh besides the configured one (snapshots, exporters,
+the probes' reference)."""
 _PENALISED = (HealthState.SLOW, HealthState.ERRORING)
 
 
@@ -64,12 +64,9 @@ class HealthTransition:
 
 
 class HealthModel:
-    """Keeps each host's :class:`HostHealth` and applies :func:`assess` on refresh,
-    publishing the penalty and state on the host's :class:`HostStats`.
-
+    """Keeps each host's :class:`HostHealth` and applies :func:`assess` on refresh.
     Thread-safe: one refresh runs at a time; :meth:`mark_up` and :meth:`forget` may be
-    called from other threads at any moment (a refresh in progress does not undo them).
-    """
+    called from other threads at any moment (a refresh in progress does not undo them)."""
 
     def __init__(
         self, config: HealthConfig, clock: Clock, window_s: float = 10.0, intervals: int = 5
@@ -91,12 +88,10 @@ class HealthModel:
         self._forgotten: set[Hashable] = set()
         """Keys forgotten while a refresh runs (it must not re-add them)."""
         self._refreshing = False
-        self._answered: dict[Hashable, tuple[int, int]] = {}
-        """Per host: (answers at the last refresh, since when it has had tracked requests in
-        flight without a new one, ns): the stall clock."""
-        self._heard: dict[Hashable, tuple[tuple[int, int | None], int]] = {}
-        """Per host: (answers and last probe answer at the last refresh, since when it has
-        had requests in flight by the driver's count without either changing, ns)."""
+        self._silence: dict[Hashable, tuple[int, int, tuple[int, int | None], int]] = {}
+        """Per host at the last refresh, for :meth:`_silence_s`: its answers, since when
+        (ns) they have not changed with tracked requests in flight; its answers and last
+        probe answer, since when neither has with requests in flight by the driver's count."""
         self._next_refresh_ns = 0
         self.rack_distances = RackDistances()
         """Each rack's distance from this client (refreshed with ``racks``)."""
@@ -180,7 +175,7 @@ class HealthModel:
         with self._state_lock:
             self._health.pop(key, None)
             self._windows.pop(key, None)
-            self._forget_silence(key)
+            self._silence.pop(key, None)
             self.stalled.pop(key, None)
             self.unanswered.pop(key, None)
             self._unreported.pop(key, None)
@@ -300,7 +295,7 @@ class HealthModel:
                     self._unreported[key] = transition
             for key in self._forgotten:
                 windows.pop(key, None)
-                self._forget_silence(key)
+                self._silence.pop(key, None)
                 self._health.pop(key, None)
                 self._unreported.pop(key, None)
             self._windows = windows
@@ -320,19 +315,13 @@ class HealthModel:
         suspected and probed, whichever of its requests were sampled). A timeout is not an
         answer. Under the state lock."""
         answers = host.requests_total - host.timeouts_total
-        answered = self._answered.get(key)
-        if answered is None or answered[0] != answers or in_flight <= 0:
-            answered = self._answered[key] = (answers, now_ns)
-        heard_now = (answers, host.probes.last_answer_ns)
-        heard = self._heard.get(key)
-        if heard is None or heard[0] != heard_now or host.in_flight <= 0:
-            heard = self._heard[key] = (heard_now, now_ns)
-        stalled = (now_ns - answered[1]) / _NS
-        return stalled, max(stalled, (now_ns - heard[1]) / _NS)
-
-    def _forget_silence(self, key: Hashable) -> None:
-        self._answered.pop(key, None)
-        self._heard.pop(key, None)
+        heard = (answers, host.probes.last_answer_ns)
+        old = self._silence.get(key)
+        stalled_ns = now_ns if old is None or old[0] != answers or in_flight <= 0 else old[1]
+        unheard_ns = now_ns if old is None or old[2] != heard or host.in_flight <= 0 else old[3]
+        self._silence[key] = (answers, stalled_ns, heard, unheard_ns)
+        stalled = (now_ns - stalled_ns) / _NS
+        return stalled, max(stalled, (now_ns - unheard_ns) / _NS)
 
     def _judge(
         self,

@@ -185,6 +185,45 @@ class ProbeScheduler:
         return orders
 
 
+def _probe_failed(
+    previous: HostHealth,
+    new: HostHealth,
+    record: ProbeRecord,
+    config: HealthConfig,
+    now_ns: int,
+    window_s: float,
+    answers: int,
+) -> HostHealth:
+    """``new`` after the host's last probe failed: ERRORING, stalled if it timed out while
+    no user request was answered, unless that failure is older than its last verdict."""
+    failed_ns = record.last_failure_ns
+    if failed_ns is None or failed_ns <= previous.since_ns:
+        return new
+    stall = record.last_outcome == TIMEOUT
+    sent_ns = record.last_sent_ns
+    answered_users_ns = record.user_answer_ns
+    if stall and answered_users_ns is not None and sent_ns is not None:
+        stall = answered_users_ns <= sent_ns  # users answered meanwhile: busy
+        if not stall:
+            return new
+    if new.state in (HealthState.HEALTHY, HealthState.WARMING):
+        evidence = new.evidence.turned_bad(now_ns, answers, window_s)
+    else:
+        evidence = new.evidence.restarted(answers)
+    what = "did not answer within" if stall else "failed within"
+    return evolve(
+        new,
+        state=HealthState.ERRORING,
+        since_ns=now_ns,
+        penalty=config.penalties.stalled if stall else config.penalties.erroring,
+        reason=f"probe {what} {config.probe_timeout:g}s",
+        cause="stall" if stall else "errors",
+        evidence=evidence,
+        probe=None,
+        warm_up_s=None,
+    )
+
+
 def judge(
     previous: HostHealth,
     new: HostHealth,
@@ -202,35 +241,8 @@ def judge(
     answered_ns = record.last_answer_ns
     failing = failed_ns is not None and (answered_ns is None or failed_ns > answered_ns)
     if new.state is not HealthState.ERRORING:
-        if (
-            failing
-            and previous.state is not HealthState.ERRORING
-            and failed_ns is not None
-            and failed_ns > previous.since_ns
-        ):
-            stall = record.last_outcome == TIMEOUT
-            sent_ns = record.last_sent_ns
-            answered_users_ns = record.user_answer_ns
-            if stall and answered_users_ns is not None and sent_ns is not None:
-                stall = answered_users_ns <= sent_ns  # users answered meanwhile: busy
-                if not stall:
-                    return new
-            if new.state in (HealthState.HEALTHY, HealthState.WARMING):
-                evidence = new.evidence.turned_bad(now_ns, answers, window_s)
-            else:
-                evidence = new.evidence.restarted(answers)
-            what = "did not answer within" if stall else "failed within"
-            return evolve(
-                new,
-                state=HealthState.ERRORING,
-                since_ns=now_ns,
-                penalty=config.penalties.stalled if stall else config.penalties.erroring,
-                reason=f"probe {what} {config.probe_timeout:g}s",
-                cause="stall" if stall else "errors",
-                evidence=evidence,
-                probe=None,
-                warm_up_s=None,
-            )
+        if failing and previous.state is not HealthState.ERRORING:
+            return _probe_failed(previous, new, record, config, now_ns, window_s, answers)
         return new
     if new.cause != "stall":
         # Errors: the probe's answer says the host is reachable, not that the user's

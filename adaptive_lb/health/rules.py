@@ -191,6 +191,10 @@ class _Step:
         """SLOW from now, for the signals' reason."""
         return self.worse(HealthState.SLOW, self.config.penalties.slow, self.slow_why or "", "slow")
 
+    def back(self, reason: str) -> HostHealth:
+        """Back from errors: WARMING, unless its window shows it slow (then SLOW)."""
+        return self.slow() if self.slow_why is not None else self.warming(reason)
+
     def recovered_errors(self) -> bool:
         """Its window shows an error rate back below ``recovery_factor`` x ``error_rate``."""
         config, window = self.config, self.window
@@ -216,16 +220,14 @@ def assess(
     """The next verdict for a host; a pure function (see the module docstring).
 
     ``window`` must hold the latency at ``config.percentile`` and at the percentiles of
-    :func:`~adaptive_lb.health.evidence.bound_percentiles` of its sample count. ``window_s`` is
-    the statistics window's length: after that long in SLOW / ERRORING without
-    ``min_samples`` of fresh evidence a host starts WARMING. ``stalled_s`` is how long the
-    host has had requests in flight without answering any. ``answers`` and ``failures``
-    are the host's monotonic totals of successes and of errors + timeouts: what it did
-    since the previous verdict is the fresh evidence of a way back
-    (:mod:`adaptive_lb.health.verdict`). ``probe_slow``: why the host's probes say it is
-    still clearly slow (:mod:`adaptive_lb.health.probe_latency`); then a SLOW host is not let back
-    on its window's lapse. ``recent``: the answers of the window's intervals entered since
-    the host was suspected."""
+    :func:`~adaptive_lb.health.evidence.bound_percentiles` of its sample count. ``window_s``:
+    the statistics window's length (a SLOW host without ``min_samples`` of fresh evidence
+    for that long starts WARMING). ``stalled_s``: how long the host has had requests in
+    flight without answering any. ``answers`` and ``failures``: its monotonic totals of
+    successes and of errors + timeouts (the fresh evidence of a way back). ``probe_slow``:
+    why its probes say it is still clearly slow (:mod:`adaptive_lb.health.probe_latency`):
+    then a SLOW host is not let back on its window's lapse. ``recent``: the answers of the
+    window's intervals entered since the host was suspected."""
     step = _Step(
         previous, window, baseline, config, now_ns, window_s, stalled_s, answers, failures, recent
     )
@@ -274,10 +276,8 @@ def _erroring(step: _Step) -> HostHealth:
     if verdict is not None:
         return verdict
     if step.recovered_errors():
-        if step.slow_why is not None:
-            return step.slow()
         config, window = step.config, step.window
-        return step.warming(
+        return step.back(
             f"recovered: error+timeout rate {window.error_rate:.1%} < "
             f"{config.recovery_factor:g} x {config.error_rate:.1%} "
             f"over {window.requests} requests"
@@ -310,9 +310,7 @@ def _probe_outcome(step: _Step) -> HostHealth | None:
     if step.streak >= probe_requests(cause):
         if cause == "stall":
             return step.warming(f"probe answered after a stall: {step.streak} answers", True)
-        if step.slow_why is not None:
-            return step.slow()
-        return step.warming(f"probe answered: {step.streak} answers in a row, none failed")
+        return step.back(f"probe answered: {step.streak} answers in a row, none failed")
     return None
 
 
@@ -339,9 +337,7 @@ def _fresh_answers(step: _Step) -> HostHealth | None:
                 f"answering again after a stall: {step.streak} answers, none failed", True
             )
     elif step.streak >= CLEAN_STREAK:
-        if step.slow_why is not None:
-            return step.slow()
-        return step.warming(f"errors stopped: {step.streak} answers in a row, none failed")
+        return step.back(f"errors stopped: {step.streak} answers in a row, none failed")
     if probe is None and (cause == "stall" or not step.recovered_errors()):
         window = step.window
         requests = probe_requests(cause)
