@@ -36,7 +36,6 @@ __all__ = [
     "DEFAULT_SPREAD",
     "MIN_EVIDENCE",
     "MIN_SPREAD",
-    "body_percentile",
     "bound_percentiles",
     "error_rate_lower_bound",
     "erroring_by_evidence",
@@ -60,8 +59,6 @@ DEFAULT_SPREAD = 0.5
 MIN_SPREAD = 0.2
 """The least log-spread assumed: a cluster measured steadier than this (p95 < 1.4 x p50)
 still needs a few answers, not one."""
-BODY_SHARE = 10.0
-"""How many times the tail's share of answers a host's body holds (:func:`body_percentile`)."""
 SPREAD_SAMPLES = 10
 """Answers a host needs before its p95 / p50 counts in :func:`latency_spread`."""
 _Z95 = 1.6449  # standard normal quantile of 0.95
@@ -136,35 +133,21 @@ def tail_ranks(samples: int, percentile: float, alpha: float) -> tuple[int, int]
     return samples + 1, high
 
 
-def body_percentile(percentile: float) -> float:
-    """The percentile of a host's *body*: ten times as many answers above it as above
-    ``percentile`` (p90 for p99, at least p50): a burst of the client's own lateness does
-    not reach a tenth of one host's answers without reaching its peers'."""
-    return max(50.0, 100.0 - BODY_SHARE * (100.0 - percentile))
-
-
 def tail_percentiles(
     samples: int, config: HealthConfig, certainty: float | None = None
-) -> tuple[float, float, float] | None:
+) -> tuple[float, float] | None:
     """The percentiles of a window of ``samples`` answers at which the lower and upper
-    confidence bounds of its latency at ``health.percentile`` lie, and the lower bound at
-    :func:`body_percentile` (:func:`tail_ranks` at ``certainty``, default
-    ``health.certainty``); None with fewer than :data:`MIN_EVIDENCE` answers, or when the
-    tail's lower bound would need more answers than the window holds."""
+    confidence bounds of its latency at ``health.percentile`` lie (:func:`tail_ranks` at
+    ``certainty``, default ``health.certainty``); None with fewer than :data:`MIN_EVIDENCE`
+    answers, or when the lower bound would need more answers than the window holds."""
     if samples < MIN_EVIDENCE:
         return None
     alpha = false_alarm(config.certainty if certainty is None else certainty)
     low, high = tail_ranks(samples, float(config.percentile), alpha)
-    body, _ = tail_ranks(samples, body_percentile(float(config.percentile)), alpha)
     low = max(low, MIN_EVIDENCE)
     if low > samples:
         return None
-    body = min(max(body, low), samples)
-
-    def at(rank: int) -> float:
-        return 100.0 * (samples - rank + 1) / samples
-
-    return at(low), at(high), at(body)
+    return 100.0 * (samples - low + 1) / samples, 100.0 * (samples - high + 1) / samples
 
 
 def error_rate_lower_bound(failures: int, requests: int, certainty: float) -> float:

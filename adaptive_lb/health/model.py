@@ -23,7 +23,7 @@ from attrs import define
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.core.clock import Clock
 from adaptive_lb.health.baselines import Comparison, compare
-from adaptive_lb.health.evidence import body_percentile, bound_percentiles
+from adaptive_lb.health.evidence import bound_percentiles
 from adaptive_lb.health.peers import peer_median, peer_medians
 from adaptive_lb.health.probes import judge
 from adaptive_lb.health.rules import Baseline, assess
@@ -231,7 +231,7 @@ class HealthModel:
         racks: Mapping[Hashable, Hashable] | None,
         due: bool,
     ) -> list[HealthTransition] | None:
-        """One refresh at a time; ``due``: only if still due, never waiting for the lock."""
+        # One refresh at a time; due: only if still due, never waiting for the lock.
         if not self._refresh_lock.acquire(blocking=not due):
             return None
         try:
@@ -258,8 +258,7 @@ class HealthModel:
     ) -> list[HealthTransition]:
         config = self._config
         self._next_refresh_ns = self._clock.now_ns() + round(config.refresh_interval * _NS)
-        body = body_percentile(float(config.percentile))
-        percentiles = sorted({*_REPORTED_PERCENTILES, float(config.percentile), body})
+        percentiles = sorted({*_REPORTED_PERCENTILES, float(config.percentile)})
         # The expensive part (percentiles), with no lock the hot path or mark_up wait for.
         windows = {
             key: host.window_stats(percentiles, lambda n: bound_percentiles(n, config))

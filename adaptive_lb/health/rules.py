@@ -103,7 +103,7 @@ class _Step:
 
     @property
     def enough_samples(self) -> bool:
-        """``min_samples`` latency samples: the tail and body rules may judge."""
+        """``min_samples`` latency samples: the tail rule may judge."""
         return self.window.samples >= self.config.min_samples and self.latency is not None
 
     @property
@@ -158,15 +158,15 @@ class _Step:
 
     def hold(self, penalty: float, probe: Probe | None = None) -> HostHealth:
         """The same state, since the same moment, with ``penalty``."""
-        previous = self.previous
+        old = self.previous
         return self.verdict(
-            previous.state,
+            old.state,
             penalty,
-            previous.reason,
-            previous.since_ns,
-            previous.cause,
+            old.reason,
+            old.since_ns,
+            old.cause,
             probe=probe,
-            warm_up=previous.warm_up_s,
+            warm_up=old.warm_up_s,
         )
 
     def warming(self, reason: str, after_stall: bool = False) -> HostHealth:

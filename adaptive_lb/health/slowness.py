@@ -1,10 +1,10 @@
 """Whether a host is slower than its peers, at a stated false-alarm budget (pure logic).
 
-Three tests, each a confidence statement at a given certainty (:meth:`Baseline.gap`): the
+Two tests, each a confidence statement at a given certainty (:meth:`Baseline.gap`): the
 host's median against its peers' (:func:`~adaptive_lb.health.evidence.slow_by_evidence`),
-and the lower confidence bounds of its body (p90) and of its tail (p99) above a threshold
-made from its peers' (the same percentile, x ``outlier_factor``) plus the client's own
-lateness (:meth:`Baseline.thresholds`). :func:`judge_slowness` asks them at each refresh: a
+and the lower confidence bound of its tail (p99) above a threshold made from its peers'
+(the same percentile, x ``outlier_factor``) plus the client's own lateness
+(:meth:`Baseline.threshold`). :func:`judge_slowness` asks them at each refresh: a
 verdict needs evidence at alpha squared, from the window alone (twice as sure) or at alpha
 from the window (a *suspicion*) and again from the answers of the window's intervals
 entered since (a disjoint sample: a burst of the client's own lateness is not in both).
@@ -21,7 +21,6 @@ from adaptive_lb.config import HealthConfig
 from adaptive_lb.health.evidence import (
     DEFAULT_SPREAD,
     MIN_EVIDENCE,
-    body_percentile,
     slow_by_evidence,
     tail_percentiles,
     twice_as_sure,
@@ -49,31 +48,28 @@ class Baseline:
 
     tail: float | None = None
     """The peers' median latency at ``health.percentile`` (None: the host cannot be SLOW by
-    its tail or body: nothing to be an outlier of)."""
+    its tail: nothing to be an outlier of)."""
     tail_bound: float | None = None
     """The peers' median upper confidence bound of that percentile."""
-    body: float | None = None
-    """The peers' median latency at :func:`~adaptive_lb.health.evidence.body_percentile`."""
     typical: float | None = None
     """The peers' median p50, of hosts with a few answers (the median rule's reference)."""
     spread: float = DEFAULT_SPREAD
     """The cluster's log-spread of latency (:func:`~adaptive_lb.health.evidence.latency_spread`)."""
     lateness_s: float = 0.0
-    """The client's largest lateness over the window: added to the tail and body thresholds."""
+    """The client's largest lateness over the window: added to the tail's threshold."""
     typical_lateness_s: float = 0.0
     """Its median lateness: taken off the host's median by the median rule."""
 
-    def thresholds(self, config: HealthConfig) -> tuple[float | None, float | None]:
-        """The tail's and the body's SLOW thresholds: ``outlier_factor`` x the peers' (the
-        tail's above their upper confidence bound too), at least ``slow_floor``, plus what
-        the client itself may have added to any answer; None without the peers' number."""
-        late, tail, body = self.lateness_s, None, None
-        if self.tail is not None:
-            tail = max(config.outlier_factor * self.tail, self.tail_bound or 0.0, config.slow_floor)
-            tail += late
-        if self.body is not None:
-            body = max(config.outlier_factor * self.body, config.slow_floor) + late
-        return tail, body
+    def threshold(self, config: HealthConfig) -> float | None:
+        """The tail's SLOW threshold: ``outlier_factor`` x the peers' tail, above their upper
+        confidence bound, at least ``slow_floor``, plus what the client itself may have
+        added to any answer; None without the peers' tail."""
+        if self.tail is None:
+            return None
+        threshold = max(
+            config.outlier_factor * self.tail, self.tail_bound or 0.0, config.slow_floor
+        )
+        return threshold + self.lateness_s
 
     def gap(
         self,
@@ -84,8 +80,8 @@ class Baseline:
         least: int = MIN_EVIDENCE,
     ) -> str | None:
         """Why ``sample`` shows its host slower than its peers at ``certainty`` (None: it
-        does not): its median, or (``tails``) the lower confidence bound of its body or its
-        tail above its threshold. ``least``: the fewest answers the median may decide on."""
+        does not): its median, or (``tails``) the lower confidence bound of its tail above its
+        threshold. ``least``: the fewest answers the median may decide on."""
         why = slow_by_evidence(
             sample, self.typical, self.spread, config, least, self.typical_lateness_s, certainty
         )
@@ -94,23 +90,18 @@ class Baseline:
         bounds = tail_percentiles(sample.samples, config, certainty)
         if bounds is None:
             return None
-        tail, body = self.thresholds(config)
-        for threshold, at, is_body in ((body, bounds[2], True), (tail, bounds[0], False)):
-            value = sample.latency.get(at)
-            if value is not None and threshold is not None and value > threshold:
-                made = self._threshold_text(config, is_body)
-                return f"p{at:.3g} {_s(value)} > {_s(threshold)} = {made}, {sample.samples} samples"
-        return None
-
-    def _threshold_text(self, config: HealthConfig, body: bool) -> str:
-        """How a threshold was made, for the reason of a verdict."""
-        pct = body_percentile(config.percentile) if body else config.percentile
-        peers = self.body if body else self.tail
-        parts = [f"{config.outlier_factor:.1f} x peer median p{pct:g} {_s(peers)}"]
-        if not body and self.tail_bound is not None:
+        threshold, at = self.threshold(config), bounds[0]
+        value = sample.latency.get(at)
+        if value is None or threshold is None or value <= threshold:
+            return None
+        parts = [
+            f"{config.outlier_factor:.1f} x peer median p{config.percentile:g} {_s(self.tail)}"
+        ]
+        if self.tail_bound is not None:
             parts.append(f"peer bound {_s(self.tail_bound)}")
         parts.append(f"floor {_s(config.slow_floor)}")
-        return f"max({', '.join(parts)}) + client lateness {_s(self.lateness_s)}"
+        made = f"max({', '.join(parts)}) + client lateness {_s(self.lateness_s)}"
+        return f"p{at:.3g} {_s(value)} > {_s(threshold)} = {made}, {sample.samples} samples"
 
 
 @define(frozen=True, slots=True)
@@ -151,7 +142,7 @@ def judge_slowness(
     least = 1 if relapsing else MIN_EVIDENCE
     strong_why = baseline.gap(window, config, twice_as_sure(config.certainty), tails, least)
     weak_why = strong_why or baseline.gap(window, config, config.certainty, tails, least)
-    threshold = baseline.thresholds(config)[0]
+    threshold = baseline.threshold(config)
     if weak_why is None:
         return Slowness(threshold=threshold)
     since, interval = suspected
