@@ -167,13 +167,12 @@ def slow_by_evidence(
     peer_typical: float | None,
     spread: float,
     config: HealthConfig,
-    least: int = MIN_EVIDENCE,
     lateness_s: float = 0.0,
     certainty: float | None = None,
 ) -> str | None:
     """Why the host is a latency outlier by the evidence (its median against
     ``peer_typical``, its peers' median of medians; see the module docstring), or None
-    while it is not (yet). ``least``: the fewest answers that may decide. ``lateness_s``:
+    while it is not (yet), from :data:`MIN_EVIDENCE` answers at least. ``lateness_s``:
     the client's own lateness, taken off the host's median and the jitter floor when it
     is larger. ``certainty``: standard errors of confidence (default ``health.certainty``)."""
     typical = window.latency.get(50.0)
@@ -185,7 +184,7 @@ def slow_by_evidence(
     ratio = typical / peer_typical
     own = floored_spread(spread, max(config.latency_factor.jitter, lateness_s), typical)
     sure = config.certainty if certainty is None else certainty
-    needed = samples_needed(ratio, config.outlier_factor, own, sure, least)
+    needed = samples_needed(ratio, config.outlier_factor, own, sure)
     if window.samples < needed:
         return None
     return (

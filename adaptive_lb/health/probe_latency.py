@@ -106,14 +106,9 @@ def still_slow(
     else:
         peer_s = peer_user_s
     peer_s = max(peer_s, MIN_REFERENCE * peer_user_s)
+    jitter_s = config.latency_factor.jitter
     _, low, _ = gap_bounds(
-        median_s,
-        peer_s,
-        samples,
-        peer_samples,
-        spread,
-        config.certainty,
-        config.latency_factor.jitter,
+        median_s, peer_s, samples, peer_samples, spread, config.certainty, jitter_s
     )
     if low <= 0:
         return None  # not surely slower than its peers at all
@@ -162,16 +157,8 @@ def still_slow_hosts(
         if user_s is None or count < MIN_EVIDENCE:
             continue
         offset_s = probe_offset(probes, windows, groups, group, key)
-        why = still_slow(
-            median_s,
-            count,
-            user_s,
-            peer_samples.get(group, 0),
-            offset_s,
-            spread,
-            config,
-            peer_fastest.get(key),
-        )
+        fastest_s, behind = peer_fastest.get(key), peer_samples.get(group, 0)
+        why = still_slow(median_s, count, user_s, behind, offset_s, spread, config, fastest_s)
         if why is not None:
             slow[key] = why
     return slow

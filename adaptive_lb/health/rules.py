@@ -26,7 +26,6 @@ from adaptive_lb.health.slowness import Baseline, Slowness, judge_slowness
 from adaptive_lb.health.slowness import seconds_text as _s
 from adaptive_lb.health.verdict import (
     CLEAN_STREAK,
-    RELAPSE_WINDOWS,
     Evidence,
     HostHealth,
     Probe,
@@ -84,15 +83,9 @@ class _Step:
                 f"over {window.requests} requests"
             )
         self.stalled = 0 < config.stall_timeout <= self.stalled_s
-        returned_ns = previous.evidence.returned_ns
-        relapsing = (
-            previous.state is HealthState.WARMING
-            and returned_ns is not None
-            and self.now_ns - returned_ns < RELAPSE_WINDOWS * self.window_s * _NS
-        )
         suspected = (previous.suspect_since_ns, previous.suspect_interval)
         self.slowness = judge_slowness(
-            window, self.baseline, config, self.now_ns, suspected, self.recent, relapsing
+            window, self.baseline, config, self.now_ns, suspected, self.recent
         )
         self.evidence, self.streak = previous.evidence.observe(self.answers, self.failures)
 

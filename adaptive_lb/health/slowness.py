@@ -20,7 +20,6 @@ from attrs import define
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.health.evidence import (
     DEFAULT_SPREAD,
-    MIN_EVIDENCE,
     slow_by_evidence,
     tail_percentiles,
     twice_as_sure,
@@ -77,13 +76,12 @@ class Baseline:
         config: HealthConfig,
         certainty: float,
         tails: bool,
-        least: int = MIN_EVIDENCE,
     ) -> str | None:
         """Why ``sample`` shows its host slower than its peers at ``certainty`` (None: it
         does not): its median, or (``tails``) the lower confidence bound of its tail above its
-        threshold. ``least``: the fewest answers the median may decide on."""
+        threshold."""
         why = slow_by_evidence(
-            sample, self.typical, self.spread, config, least, self.typical_lateness_s, certainty
+            sample, self.typical, self.spread, config, self.typical_lateness_s, certainty
         )
         if why is not None or not tails:
             return why
@@ -129,19 +127,15 @@ def judge_slowness(
     now_ns: int,
     suspected: tuple[int | None, int | None] = (None, None),
     recent: WindowStats | None = None,
-    relapsing: bool = False,
 ) -> Slowness:
     """Whether ``window`` shows its host slower than ``baseline`` (see the module
     docstring). ``suspected``: since when (clock ns) and since which interval of the window
     the host has been suspected (None, None: it was not at the last refresh). ``recent``:
-    the answers of the window's intervals entered since. ``relapsing``: the host is just
-    back from SLOW: the window that sent it there was the first sample, one answer of a
-    gap will do."""
+    the answers of the window's intervals entered since."""
     latency = window.latency.get(float(config.percentile))
     tails = window.samples >= config.min_samples and latency is not None
-    least = 1 if relapsing else MIN_EVIDENCE
-    strong_why = baseline.gap(window, config, twice_as_sure(config.certainty), tails, least)
-    weak_why = strong_why or baseline.gap(window, config, config.certainty, tails, least)
+    strong_why = baseline.gap(window, config, twice_as_sure(config.certainty), tails)
+    weak_why = strong_why or baseline.gap(window, config, config.certainty, tails)
     threshold = baseline.threshold(config)
     if weak_why is None:
         return Slowness(threshold=threshold)
@@ -155,10 +149,8 @@ def judge_slowness(
         ratio = low / threshold
     why = strong_why
     if why is None and recent is not None and recent.interval == window.interval:
-        again = baseline.gap(recent, config, config.certainty, True, least)
+        again = baseline.gap(recent, config, config.certainty, True)
         if again is not None:
             held_s = (now_ns - since) / _NS
             why = f"{weak_why}; again in the {recent.samples} answers of the last {held_s:.1f}s"
-    if why is None and relapsing:
-        why = f"{weak_why}; just back from SLOW"
     return Slowness(why, threshold, since, interval, ratio)
