@@ -1,17 +1,14 @@
 """What each host is compared with at a health refresh (pure logic, no driver import).
 
-:func:`compare` computes, once per refresh and for every host, its
-:class:`~adaptive_lb.health.slowness.Baseline` -- its true peers' numbers
-(:mod:`adaptive_lb.health.peers`: the median of their tails, of their tails' upper bounds,
-of their bodies and of their medians), the cluster's spread and the client's own lateness
--- and what else the rules weigh: how many answers the peers' medians rest on, what a
-probed host's round trips say (:mod:`adaptive_lb.health.probe_latency`), and the answers
-since a host's suspicion (the second, disjoint sample of :mod:`adaptive_lb.health.slowness`).
-Each rack's distance from the client is measured here too, from the hosts that were HEALTHY
-at the last refresh, before any host is judged.
+:func:`compare` computes once per refresh, for every host, its
+:class:`~adaptive_lb.health.slowness.Baseline` (its true peers' tails, tails' upper bounds
+and medians, :mod:`adaptive_lb.health.peers`; the cluster's spread; the client's
+lateness), how many answers the peers' medians rest on, what a probed host's round trips
+say (:mod:`adaptive_lb.health.probe_latency`) and the answers since a host's suspicion (the
+second, disjoint sample). Each rack's distance is measured here too, from the hosts that
+were HEALTHY at the last refresh, before any host is judged.
 
-Imports its own package (peers, evidence, slowness, probe latency, the verdict's type) and
-the statistics, locality and config below it.
+Imports its own package and the statistics, locality and config below it.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ from attrs import define
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.health.evidence import (
     MIN_EVIDENCE,
-    body_percentile,
     bound_percentiles,
     latency_spread,
     typical_samples,
@@ -83,24 +79,13 @@ def compare(
     # The peers' upper confidence bounds of the same percentile: a host's tail must be
     # above what its peers' tails could be, not only above their estimate.
     bounds = peer_medians(upper_bound_windows(windows, config), groups, config, racks, near)
-    body = body_percentile(float(config.percentile))
-    bodies = peer_medians(windows, groups, config, racks, near, body)
     # For the median rule (adaptive_lb.health.evidence): medians of hosts with a few answers.
     typical = peer_medians(windows, groups, config, racks, thin, 50.0, MIN_EVIDENCE, strict=True)
     spread = latency_spread(windows.values())
     peer_samples = typical_samples(windows, groups)
-    lateness_s, typical_lateness_s = lateness.high(now), lateness.typical(now)
+    late = (lateness.high(now), lateness.typical(now))  # the largest, and the typical
     baselines = {
-        key: Baseline(
-            medians[key],
-            bounds[key],
-            bodies[key],
-            typical[key],
-            spread,
-            lateness_s,
-            typical_lateness_s,
-        )
-        for key in windows
+        key: Baseline(medians[key], bounds[key], typical[key], spread, *late) for key in windows
     }
     # A probed host's round trips say whether it is still clearly slow (probe_latency).
     args = (groups, racks, thin, typical, peer_samples, spread, config, now)

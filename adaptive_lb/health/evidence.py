@@ -1,53 +1,21 @@
-"""Judgement proportional to the evidence: how many answers a verdict needs (pure logic).
+"""Judgement proportional to the evidence: the statistics every verdict rests on (pure logic).
 
-The tail rules of :mod:`adaptive_lb.health.rules` wait for ``health.min_samples`` answers
-in the window before they judge a host. A client sending ten requests a second never gets
-there (each of three hosts answers about three times a second), so a host 50 ms slower than
-its peers would never be judged. The rules here judge from fewer answers when the gap is
-large enough that few answers settle it:
+* **A median's gap** (:func:`samples_needed`, :func:`slow_by_evidence`): latencies are about
+  log-normal with the cluster's log-spread ``s`` (:func:`latency_spread`); the median of
+  ``n`` answers has a standard error of ``1.2533 * s / sqrt(n)`` in log space, so a host
+  whose median ``m`` is above ``outlier_factor`` x its peers' ``p`` is an outlier once
+  ``n >= (certainty * 1.2533 * s / ln(m / (outlier_factor * p))) ** 2``, never from fewer
+  than :data:`MIN_EVIDENCE` answers; its spread is floored by the client's jitter and
+  lateness, and its typical lateness is taken off its median first.
+* **A quantile's interval** (:func:`tail_ranks`, :func:`tail_percentiles`): distribution-free,
+  from the order statistics of ``n`` answers, at a false-alarm probability ``alpha``
+  (:func:`false_alarm`; :func:`twice_as_sure`: at ``alpha ** 2``).
+* **An error rate's lower bound** (:func:`error_rate_lower_bound`, Wilson's score interval).
 
-* **Slow.** A host's typical latency (its window's median, ``m``) against its peers'
-  (the median of their medians, ``p``). Latencies are roughly log-normal with a log-spread
-  ``s`` (:func:`latency_spread`, measured on the cluster); the median of ``n`` samples
-  has a standard error of about ``1.2533 * s / sqrt(n)`` in log space. The host is an
-  outlier when its median is above ``outlier_factor`` x ``p`` by more than ``certainty``
-  standard errors::
-
-      ln(m / (outlier_factor * p)) > certainty * 1.2533 * s / sqrt(n)
-      i.e.  n >= (certainty * 1.2533 * s / ln(m / (outlier_factor * p))) ** 2
-
-  (:func:`samples_needed`), and never from fewer than :data:`MIN_EVIDENCE` answers. With
-  the defaults (``certainty`` 3, ``outlier_factor`` 2, ``s`` 0.5): 50 ms among peers at
-  1 ms is settled by 3 answers, 10 ms by 3, 4 ms by 8, 3 ms by 22, 2.5 ms by 71; 1.9 ms
-  never (below the factor). The host's median must also be above ``health.slow_floor``.
-  The host's spread is at least what the client's own jitter makes it at its median
-  (``health.latency_factor.jitter``, :func:`adaptive_lb.stats.latency_factor.floored_spread`):
-  on a steady cluster (``s`` 0.2) a host at 3 ms among peers at 1.2 ms needs 24 answers,
-  not 12: 1 ms of the client's own noise on a few answers would look the same. When the
-  client was measurably later than that in the window (:mod:`adaptive_lb.stats.lateness`), its
-  lateness is the floor, and it is taken off the host's median first: a saturated client
-  serves its sockets in turn, and one equal node's median read 2.6-4.2 x its peers' over
-  hundreds of answers, and beside a CPU hog 5 answers at 4 ms among peers at 0.5 ms made
-  an equal node SLOW.
-* **Slow, by the tail.** From ``min_samples`` answers the tail rule judges a host by its
-  latency at ``percentile`` (p99) against ``outlier_factor`` x its peers'. Over ``n``
-  answers p99 is the ``n // 100 + 1``-th slowest: at 128 answers, the second slowest.
-  A stall of the client's own (a garbage collection, a starved process) delays every
-  request in flight at that moment, whichever host it went to: the host that happened to
-  have two of them in flight shows the stall as its p99, its peers with one each do not.
-  So the tail too must rest on :data:`MIN_EVIDENCE` answers: the host's latency at
-  ``100 * (n - 2) / n`` (its third slowest answer) must be above the threshold as well,
-  when that is below ``percentile`` (:func:`support_percentile`; p99 from 200 answers on
-  rests on 3 by itself).
-* **Erroring.** The error rate's lower confidence bound (Wilson's score interval,
-  ``certainty`` standard deviations) above ``health.error_rate``: 4 failures in 4
-  requests are enough, 5 in 10 are not (:func:`error_rate_lower_bound`).
-
-These add to the tail rules, which keep judging busy hosts as before. No driver import, no
-state: the health model computes the inputs at each refresh, never per request.
-
-Imports the config, the statistics, the jitter floor of :mod:`adaptive_lb.stats.latency_factor` and
-the lateness discount of :mod:`adaptive_lb.stats.lateness`.
+docs/design.md ("Judgement proportional to the evidence", "Judging without false alarms")
+gives the figures. Imports the config, the statistics, the jitter floor of
+:mod:`adaptive_lb.stats.latency_factor` and the lateness discount of
+:mod:`adaptive_lb.stats.lateness`.
 """
 
 from __future__ import annotations
@@ -61,14 +29,13 @@ from attrs import evolve
 
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.stats.host import WindowStats
-from adaptive_lb.stats.latency_factor import floored_spread
+from adaptive_lb.stats.latency_factor import MEDIAN_SE, floored_spread
 from adaptive_lb.stats.lateness import discounted
 
 __all__ = [
     "DEFAULT_SPREAD",
     "MIN_EVIDENCE",
     "MIN_SPREAD",
-    "body_percentile",
     "bound_percentiles",
     "error_rate_lower_bound",
     "erroring_by_evidence",
@@ -92,11 +59,8 @@ DEFAULT_SPREAD = 0.5
 MIN_SPREAD = 0.2
 """The least log-spread assumed: a cluster measured steadier than this (p95 < 1.4 x p50)
 still needs a few answers, not one."""
-BODY_SHARE = 10.0
-"""How many times the tail's share of answers a host's body holds (:func:`body_percentile`)."""
 SPREAD_SAMPLES = 10
 """Answers a host needs before its p95 / p50 counts in :func:`latency_spread`."""
-_MEDIAN_SE = math.sqrt(math.pi / 2)  # standard error of a median / of a mean (normal)
 _Z95 = 1.6449  # standard normal quantile of 0.95
 
 
@@ -104,9 +68,7 @@ def latency_spread(windows: Iterable[WindowStats]) -> float:
     """The cluster's log-spread of latency: the median over hosts with
     :data:`SPREAD_SAMPLES` answers of ``ln(p95 / p50) / 1.645`` (the sigma of a log-normal
     with those percentiles), at least :data:`MIN_SPREAD`; :data:`DEFAULT_SPREAD` when no
-    host qualifies. Measured on every host, slow ones included: a slow host widens its own
-    spread only if it is slow some of the time, and the median keeps one host from
-    deciding."""
+    host qualifies (the median keeps one slow host from deciding)."""
     spreads = []
     for window in windows:
         p50, p95 = window.latency.get(50.0), window.latency.get(95.0)
@@ -126,7 +88,7 @@ def samples_needed(
     if not ratio > outlier_factor:
         return math.inf
     margin = math.log(ratio / outlier_factor)
-    return max(float(least), (certainty * _MEDIAN_SE * spread / margin) ** 2)
+    return max(float(least), (certainty * MEDIAN_SE * spread / margin) ** 2)
 
 
 def twice_as_sure(certainty: float) -> float:
@@ -144,16 +106,13 @@ def false_alarm(certainty: float) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def tail_ranks(samples: int, percentile: float, alpha: float) -> tuple[int, int]:
-    """``(low, high)``: how many of ``samples`` answers lie at or above the order statistics
-    that bound the ``percentile`` quantile from below and from above, each with confidence
-    ``1 - alpha`` (distribution-free: the count of answers above the true quantile is
-    Binomial(samples, q), ``q = 1 - percentile / 100``). ``low`` is the smallest count ``k``
-    with ``P(Binomial >= k) <= alpha``: the ``low``-th slowest answer is below the true
-    quantile with probability ``1 - alpha``, so when it is slow the quantile is slow. ``high``
-    is the largest ``k`` with ``P(Binomial < k) <= alpha`` (at least 1: the slowest answer),
-    the ``high``-th slowest answer then lies above the quantile. With ``alpha`` 0.00135: p99
-    of 50 answers lies above the 5th slowest and below the slowest; of 1,000, between the
-    22nd slowest and the 2nd."""
+    """``(low, high)``: the ranks from the slowest of the order statistics of ``samples``
+    answers that bound the ``percentile`` quantile from below and from above, each with
+    confidence ``1 - alpha`` (distribution-free: the count of answers above the true
+    quantile is Binomial(samples, q), ``q = 1 - percentile / 100``; ``low`` is the smallest
+    ``k`` with ``P(Binomial >= k) <= alpha``, ``high`` the largest with ``P(Binomial < k) <=
+    alpha``, at least 1). At ``alpha`` 0.00135, p99 of 1,000 answers lies between the 22nd
+    slowest and the 2nd."""
     q = max(0.0, min(1.0, 1.0 - percentile / 100.0))
     if samples <= 0 or q <= 0.0:
         return samples + 1, 1
@@ -174,39 +133,21 @@ def tail_ranks(samples: int, percentile: float, alpha: float) -> tuple[int, int]
     return samples + 1, high
 
 
-def body_percentile(percentile: float) -> float:
-    """The percentile of a host's *body*: ten times as many answers above it as above
-    ``percentile`` (p90 for p99, at least p50). A host whose body is surely above the tail's
-    threshold is slow through and through, not in its tail only, and a burst of the
-    client's own lateness does not reach a tenth of one host's answers in a window without
-    reaching its peers'."""
-    return max(50.0, 100.0 - BODY_SHARE * (100.0 - percentile))
-
-
 def tail_percentiles(
     samples: int, config: HealthConfig, certainty: float | None = None
-) -> tuple[float, float, float] | None:
+) -> tuple[float, float] | None:
     """The percentiles of a window of ``samples`` answers at which the lower and upper
-    confidence bounds of its latency at ``health.percentile`` lie, and the lower bound at
-    :func:`body_percentile` (:func:`tail_ranks` at :func:`false_alarm` of
-    ``health.certainty``), as a histogram reads them; None with fewer than
-    :data:`MIN_EVIDENCE` answers, or when the tail's lower bound would need more answers
-    above it than the window holds. ``certainty``: of the bounds (default
-    ``health.certainty``)."""
+    confidence bounds of its latency at ``health.percentile`` lie (:func:`tail_ranks` at
+    ``certainty``, default ``health.certainty``); None with fewer than :data:`MIN_EVIDENCE`
+    answers, or when the lower bound would need more answers than the window holds."""
     if samples < MIN_EVIDENCE:
         return None
     alpha = false_alarm(config.certainty if certainty is None else certainty)
     low, high = tail_ranks(samples, float(config.percentile), alpha)
-    body, _ = tail_ranks(samples, body_percentile(float(config.percentile)), alpha)
     low = max(low, MIN_EVIDENCE)
     if low > samples:
         return None
-    body = min(max(body, low), samples)
-
-    def at(rank: int) -> float:
-        return 100.0 * (samples - rank + 1) / samples
-
-    return at(low), at(high), at(body)
+    return 100.0 * (samples - low + 1) / samples, 100.0 * (samples - high + 1) / samples
 
 
 def error_rate_lower_bound(failures: int, requests: int, certainty: float) -> float:
@@ -226,18 +167,14 @@ def slow_by_evidence(
     peer_typical: float | None,
     spread: float,
     config: HealthConfig,
-    least: int = MIN_EVIDENCE,
     lateness_s: float = 0.0,
     certainty: float | None = None,
 ) -> str | None:
     """Why the host is a latency outlier by the evidence (its median against
-    ``peer_typical``, its peers' median of medians, at the cluster's ``spread`` or the
-    jitter's at the host's median, whichever is larger), or None while it is not (yet).
-    ``least``: the fewest answers that may decide (1 for a host just back from SLOW: the
-    evidence that sent it there is the rest). ``lateness_s``: the client's own lateness
-    over the window (:mod:`adaptive_lb.stats.lateness`): taken off the host's median
-    (:func:`~adaptive_lb.stats.lateness.discounted`) and the jitter floor when it is larger.
-    ``certainty``: standard errors of confidence (default ``health.certainty``)."""
+    ``peer_typical``, its peers' median of medians; see the module docstring), or None
+    while it is not (yet), from :data:`MIN_EVIDENCE` answers at least. ``lateness_s``:
+    the client's own lateness, taken off the host's median and the jitter floor when it
+    is larger. ``certainty``: standard errors of confidence (default ``health.certainty``)."""
     typical = window.latency.get(50.0)
     if typical is None or not peer_typical:
         return None
@@ -247,7 +184,7 @@ def slow_by_evidence(
     ratio = typical / peer_typical
     own = floored_spread(spread, max(config.latency_factor.jitter, lateness_s), typical)
     sure = config.certainty if certainty is None else certainty
-    needed = samples_needed(ratio, config.outlier_factor, own, sure, least)
+    needed = samples_needed(ratio, config.outlier_factor, own, sure)
     if window.samples < needed:
         return None
     return (
@@ -275,8 +212,7 @@ def typical_samples(
     windows: Mapping[Hashable, WindowStats], groups: Mapping[Hashable, Hashable]
 ) -> dict[Hashable, int]:
     """Per group, the median sample count of its hosts with ``MIN_EVIDENCE`` answers: about
-    how many answers of each peer the evidence rules' peer median rests on (the latency
-    factor weighs its uncertainty too)."""
+    how many answers of each peer the evidence rules' peer median rests on."""
     counts: dict[Hashable, list[int]] = {}
     for key, window in windows.items():
         if window.samples >= MIN_EVIDENCE:
@@ -288,8 +224,7 @@ def upper_bound_windows(
     windows: Mapping[Hashable, WindowStats], config: HealthConfig
 ) -> dict[Hashable, WindowStats]:
     """Each window with its latency at ``health.percentile`` replaced by that percentile's
-    upper confidence bound (:func:`~adaptive_lb.health.evidence.tail_percentiles`; None without
-    one), for :func:`~adaptive_lb.health.peers.peer_medians`."""
+    upper confidence bound (None without one), for the peers' median of it."""
     percentile = float(config.percentile)
     upper = {}
     for key, window in windows.items():
@@ -300,9 +235,8 @@ def upper_bound_windows(
 
 
 def bound_percentiles(samples: int, config: HealthConfig) -> list[float] | None:
-    """The percentiles a window of ``samples`` answers is read at for the health rules'
-    confidence bounds (:func:`~adaptive_lb.health.evidence.tail_percentiles`), at
-    ``health.certainty`` and twice as sure (:func:`~adaptive_lb.health.evidence.twice_as_sure`)."""
+    """The percentiles a window of ``samples`` answers is read at for the confidence bounds
+    of :func:`tail_percentiles`, at ``health.certainty`` and :func:`twice_as_sure`."""
     bounds = tail_percentiles(samples, config)
     if bounds is None:
         return None

@@ -1,20 +1,14 @@
 """Health model: keeps each host's verdict and refreshes it from the host's statistics.
 
-:class:`HealthModel` holds the verdicts (state, locks), and every ``refresh_interval``
-computes each host's window once, applies the pure rules of :mod:`adaptive_lb.health.rules`
-(:func:`assess`, against what :mod:`adaptive_lb.health.baselines` compares it with) and
-publishes the
-result on the host's :class:`~adaptive_lb.stats.host.HostStats` (``health_penalty``,
-``health_state``), which the policy's hot path reads without a lock; it logs each
-transition and keeps it for the next trace that touches the host. Percentiles are computed
-only here, never per request. No driver import: hosts are plain keys.
+Every ``refresh_interval`` :class:`HealthModel` computes each host's window once (the only
+place percentiles are computed, never per request), applies :func:`assess` against what
+:mod:`adaptive_lb.health.baselines` compares it with, and publishes the result on the host's
+:class:`~adaptive_lb.stats.host.HostStats` (penalty, state, latency factor), which the hot
+path reads without a lock; it logs each transition and keeps it for the next trace that
+touches the host. No driver import: hosts are plain keys. The health rules' public names
+(:mod:`adaptive_lb.health.rules`, the verdict, the peers' medians) are importable from here.
 
-Every public name of the health rules (:mod:`adaptive_lb.health.rules`,
-:mod:`adaptive_lb.health.verdict`, the peers' medians of :mod:`adaptive_lb.health.peers`) is
-importable from here too.
-
-May import: its own package (rules, verdict, baselines, evidence, peers, probes, silence)
-and the packages below it (statistics, locality, config, clock).
+May import: its own package and the packages below it (statistics, locality, config, clock).
 """
 
 from __future__ import annotations
@@ -29,11 +23,10 @@ from attrs import define
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.core.clock import Clock
 from adaptive_lb.health.baselines import Comparison, compare
-from adaptive_lb.health.evidence import body_percentile, bound_percentiles
+from adaptive_lb.health.evidence import bound_percentiles
 from adaptive_lb.health.peers import peer_median, peer_medians
 from adaptive_lb.health.probes import SUSPECTED_PENALTY, judge
 from adaptive_lb.health.rules import Baseline, assess
-from adaptive_lb.health.silence import SilenceClocks
 from adaptive_lb.health.verdict import HostHealth, warming_penalty
 from adaptive_lb.plan.locality import RackDistances
 from adaptive_lb.stats.health_state import HealthState
@@ -56,8 +49,8 @@ log = logging.getLogger("adaptive_lb.health")
 
 _NS = 1_000_000_000
 _REPORTED_PERCENTILES = (10.0, 50.0, 95.0, 99.0)
-"""Percentiles computed at each refresh besides the configured one (snapshots, exporters;
-p10: the reference of a probe's round trip, :mod:`adaptive_lb.health.probe_latency`)."""
+"""Percentiles computed at each refresh besides the configured one (snapshots, exporters,
+the probes' reference)."""
 _PENALISED = (HealthState.SLOW, HealthState.ERRORING)
 
 
@@ -71,12 +64,9 @@ class HealthTransition:
 
 
 class HealthModel:
-    """Keeps each host's :class:`HostHealth` and applies :func:`assess` on refresh,
-    publishing the penalty and state on the host's :class:`HostStats`.
-
+    """Keeps each host's :class:`HostHealth` and applies :func:`assess` on refresh.
     Thread-safe: one refresh runs at a time; :meth:`mark_up` and :meth:`forget` may be
-    called from other threads at any moment (a refresh in progress does not undo them).
-    """
+    called from other threads at any moment (a refresh in progress does not undo them)."""
 
     def __init__(
         self, config: HealthConfig, clock: Clock, window_s: float = 10.0, intervals: int = 5
@@ -86,8 +76,8 @@ class HealthModel:
         self._window_s = window_s
         self._intervals = intervals
         self.lateness = ClientLateness(window_s, intervals)
-        """How late the client's own timer fires, over the statistics window (fed by the
-        refresh thread, or the simulator): what the client itself may add to an answer."""
+        """How late the client's own timer fires (fed by the refresh thread, or the
+        simulator): what the client itself may add to an answer."""
         self._health: dict[Hashable, HostHealth] = {}
         self._windows: dict[Hashable, WindowStats] = {}
         self._unreported: dict[Hashable, HealthTransition] = {}
@@ -98,31 +88,29 @@ class HealthModel:
         self._forgotten: set[Hashable] = set()
         """Keys forgotten while a refresh runs (it must not re-add them)."""
         self._refreshing = False
-        self._silence = SilenceClocks()
-        """How long each host has gone unanswered (the stall rule, suspicion)."""
+        self._silence: dict[Hashable, tuple[int, int, tuple[int, int | None], int]] = {}
+        """Per host at the last refresh, for :meth:`_silence_s`: its answers, since when
+        (ns) they have not changed with tracked requests in flight; its answers and last
+        probe answer, since when neither has with requests in flight by the driver's count."""
         self._next_refresh_ns = 0
         self.rack_distances = RackDistances()
         """Each rack's distance from this client (refreshed with ``racks``)."""
         self.thin_rack_distances = RackDistances()
-        """The same from hosts with a few answers (``MIN_EVIDENCE``), for the evidence
-        rules: a client with thin traffic never has ``min_samples`` on a host."""
+        """The same from hosts with a few answers (``MIN_EVIDENCE``), for the evidence rules."""
         self.refreshes = 0
         """Refreshes done (for tests and diagnostics)."""
         self.probing = False
-        """Active probes are being sent (:mod:`adaptive_lb.runtime.prober` sets it while it runs):
-        then their outcomes judge a host too, and no user request is a probe
-        (:func:`adaptive_lb.health.probes.judge`); without, a stalled or erroring host is tried
-        again with user requests (``health.probe_interval`` 0 does the same)."""
+        """Active probes are being sent (:mod:`adaptive_lb.runtime.prober` sets it while it
+        runs): their outcomes judge a host too (:func:`adaptive_lb.health.probes.judge`);
+        without, a stalled or erroring host is tried again with user requests."""
         self.paced = False
         """Probes wait for slots of a fleet's budget (set by the health refresh): a host
         unanswered for a refresh is placed at ``probes.SUSPECTED_PENALTY`` meanwhile."""
         self.stalled: dict[Hashable, float] = {}
         """Per host, at the last refresh: seconds with requests in flight and no answer."""
         self.unanswered: dict[Hashable, float] = {}
-        """Per host, at the last refresh: seconds with requests in flight by the driver's
-        count (untracked ones too) and no tracked answer nor probe answer: what makes a
-        host suspected, and probed (:mod:`adaptive_lb.health.probes`), whichever of its requests
-        happened to be tracked."""
+        """Per host, at the last refresh: seconds unanswered (:meth:`_silence_s`): what makes
+        a host suspected and probed (:mod:`adaptive_lb.health.probes`)."""
 
     @property
     def config(self) -> HealthConfig:
@@ -190,7 +178,7 @@ class HealthModel:
         with self._state_lock:
             self._health.pop(key, None)
             self._windows.pop(key, None)
-            self._silence.forget(key)
+            self._silence.pop(key, None)
             self.stalled.pop(key, None)
             self.unanswered.pop(key, None)
             self._unreported.pop(key, None)
@@ -219,15 +207,7 @@ class HealthModel:
         time; never waits)."""
         if self._clock.now_ns() < self._next_refresh_ns:
             return None
-        if not self._refresh_lock.acquire(blocking=False):
-            return None
-        try:
-            # Another thread may have refreshed between the compare and the acquire.
-            if self._clock.now_ns() < self._next_refresh_ns:
-                return None
-            return self._refresh(stats, groups, is_known, racks)
-        finally:
-            self._refresh_lock.release()
+        return self._refresh(stats, groups, is_known, racks, due=True)
 
     def refresh(
         self,
@@ -236,21 +216,15 @@ class HealthModel:
         is_known: Callable[[Hashable], bool] | None = None,
         racks: Mapping[Hashable, Hashable] | None = None,
     ) -> list[HealthTransition]:
-        """Compute every host's window once, the peer medians per group (a host's peers are
-        the other hosts of its group, e.g. its datacenter; hosts missing from ``groups``
-        form one group), and the new verdicts; publish them on the hosts' stats and return
-        the transitions. Waits for a refresh in progress.
-
-        ``racks`` (host -> rack), when given, makes the peers true peers: the host's rack,
-        else its group corrected by each rack's distance (:mod:`adaptive_lb.health.peers`),
-        kept in :attr:`rack_distances`.
-
+        """Compute every host's window once and the new verdicts against its peers (the
+        other hosts of its group, e.g. its datacenter; hosts missing from ``groups`` form one
+        group; with ``racks``, true peers, :mod:`adaptive_lb.health.peers`); publish them on
+        the hosts' stats and return the transitions. Waits for a refresh in progress.
         ``is_known(key)``, when given, is asked while the verdicts are applied: a key it
-        denies (removed since ``stats`` was taken) gets no verdict. The caller must
-        publish a removal before calling :meth:`forget`, so that a removal racing the
-        refresh is seen by one or the other."""
-        with self._refresh_lock:
-            return self._refresh(stats, groups, is_known, racks)
+        denies (removed since ``stats`` was taken) gets no verdict. The caller must publish a
+        removal before calling :meth:`forget`, so that a removal racing the refresh is seen
+        by one or the other."""
+        return self._refresh(stats, groups, is_known, racks, due=False) or []
 
     def _refresh(
         self,
@@ -258,15 +232,25 @@ class HealthModel:
         groups: Mapping[Hashable, Hashable],
         is_known: Callable[[Hashable], bool] | None,
         racks: Mapping[Hashable, Hashable] | None,
-    ) -> list[HealthTransition]:
-        with self._state_lock:
-            self._refreshing = True
+        due: bool,
+    ) -> list[HealthTransition] | None:
+        # One refresh at a time; due: only if still due, never waiting for the lock.
+        if not self._refresh_lock.acquire(blocking=not due):
+            return None
         try:
-            return self._assess_all(stats, groups, is_known, racks)
-        finally:
+            # Another thread may have refreshed between the compare and the acquire.
+            if due and self._clock.now_ns() < self._next_refresh_ns:
+                return None
             with self._state_lock:
-                self._refreshing = False
-                self._forgotten.clear()
+                self._refreshing = True
+            try:
+                return self._assess_all(stats, groups, is_known, racks)
+            finally:
+                with self._state_lock:
+                    self._refreshing = False
+                    self._forgotten.clear()
+        finally:
+            self._refresh_lock.release()
 
     def _assess_all(
         self,
@@ -277,8 +261,7 @@ class HealthModel:
     ) -> list[HealthTransition]:
         config = self._config
         self._next_refresh_ns = self._clock.now_ns() + round(config.refresh_interval * _NS)
-        body = body_percentile(float(config.percentile))
-        percentiles = sorted({*_REPORTED_PERCENTILES, float(config.percentile), body})
+        percentiles = sorted({*_REPORTED_PERCENTILES, float(config.percentile)})
         # The expensive part (percentiles), with no lock the hot path or mark_up wait for.
         windows = {
             key: host.window_stats(percentiles, lambda n: bound_percentiles(n, config))
@@ -307,8 +290,7 @@ class HealthModel:
                     self._forgotten.add(key)
                     continue
                 host = stats[key]
-                stalled[key] = self._silence.stalled_s(key, host, window.in_flight, now)
-                unanswered[key] = max(stalled[key], self._silence.unanswered_s(key, host, now))
+                stalled[key], unanswered[key] = self._silence_s(key, host, window.in_flight, now)
                 suspected = self.paced and unanswered[key] > 0
                 transition = self._judge(key, host, window, refresh, stalled[key], now, suspected)
                 if transition is not None:
@@ -316,7 +298,7 @@ class HealthModel:
                     self._unreported[key] = transition
             for key in self._forgotten:
                 windows.pop(key, None)
-                self._silence.forget(key)
+                self._silence.pop(key, None)
                 self._health.pop(key, None)
                 self._unreported.pop(key, None)
             self._windows = windows
@@ -326,6 +308,23 @@ class HealthModel:
         for transition in transitions:
             self._log(transition)
         return transitions
+
+    def _silence_s(
+        self, key: Hashable, host: HostStats, in_flight: int, now_ns: int
+    ) -> tuple[float, float]:
+        """Seconds ``key`` has been *stalled* (``in_flight`` tracked attempts and no tracked
+        answer: the stall rule) and *unanswered* (requests in flight by the driver's count,
+        untracked ones too, and neither a tracked answer nor a probe answer: what makes it
+        suspected and probed, whichever of its requests were sampled). A timeout is not an
+        answer. Under the state lock."""
+        answers = host.requests_total - host.timeouts_total
+        heard = (answers, host.probes.last_answer_ns)
+        old = self._silence.get(key)
+        stalled_ns = now_ns if old is None or old[0] != answers or in_flight <= 0 else old[1]
+        unheard_ns = now_ns if old is None or old[2] != heard or host.in_flight <= 0 else old[3]
+        self._silence[key] = (answers, stalled_ns, heard, unheard_ns)
+        stalled = (now_ns - stalled_ns) / _NS
+        return stalled, max(stalled, (now_ns - unheard_ns) / _NS)
 
     def _judge(
         self,

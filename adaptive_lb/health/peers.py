@@ -1,24 +1,14 @@
 """Health peers: whom each host is compared with (pure logic, no driver import).
 
-A host is SLOW when its latency is an outlier among its *peers*. Peers must be at a
-comparable network distance from this client, or distance alone makes a host look slow: in
-a datacenter whose racks are 5 ms apart, a far rack's hosts answer 5 ms later than a near
-rack's, however healthy. So (:func:`peer_medians`):
-
-1. **Its rack**, when at least :data:`MIN_RACK_PEERS` other hosts of the rack have
-   ``min_samples``: the same distance by construction.
-2. Else **its datacenter, corrected by distance**: each peer's latency is moved from its
-   rack's distance to the host's, ``latency(peer) - distance(peer's rack) +
-   distance(host's rack)``. A rack's distance (:class:`adaptive_lb.plan.locality.RackDistances`)
-   is the lower quartile of its healthy hosts' p50, smoothed over a window and remembered:
-   a rack of one host (or a rack this client rarely uses) is still judged, and a host that
-   suddenly slows down is not excused by a distance measured on itself. Network distance
-   adds to every answer, so the correction is a difference, not a ratio. A rack counts
-   at most ``health.max_rack_distance`` farther than its datacenter's nearest rack: a rack
-   of one host slow from its start looks exactly like a far rack, and must still be judged.
-3. Else (no distance known yet, or no rack given) its datacenter as it is.
-
-The median of the peers is computed once per group and per refresh in O(n log n).
+A host is SLOW when its latency is an outlier among its *peers*, hosts at a comparable
+network distance from this client (:func:`peer_medians`): its rack, when at least
+:data:`MIN_RACK_PEERS` other hosts of it have the answers; else its datacenter, each peer
+moved from its rack's distance to the host's (``latency - distance(peer's rack) +
+distance(host's rack)``: network distance adds to every answer; a rack's distance is
+:class:`adaptive_lb.plan.locality.RackDistances`, counted at most
+``health.max_rack_distance`` beyond the nearest rack); else its datacenter as it is.
+docs/design.md ("Peers are true peers") tells why. The median of the peers is computed once
+per group and per refresh in O(n log n).
 
 Imports the config and the statistics only.
 """

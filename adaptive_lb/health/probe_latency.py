@@ -1,57 +1,24 @@
 """The probe's round trip as a load signal, where nothing else measures the host (pure
 logic, no driver import, no probe of its own).
 
-A SLOW host gets no user request, and a host the latency factor keeps away gets none
-either: so no user evidence. Without more, the SLOW host is let back (WARMING) once a whole
-statistics window has passed, and the latency factor decays until the host is tried again:
-on no evidence at all. A node kept busy by other clients' load (which this client cannot
-see; there is no ``system_views.thread_pools`` to read on ScyllaDB or Cassandra 3.x) is
-then judged slow again from its first answers, each time, at the cost of those requests.
-The probes such a host already gets (:mod:`adaptive_lb.health.probes`: about one a second while
-it is SLOW without fresh user answers, or while it had requests in the window but no
-fresh answer) are the evidence there is. :func:`still_slow` says from their round trips
-whether the host is *still clearly slower* than its peers; while it is, a SLOW host is not
-let back on its window's lapse (:func:`adaptive_lb.health.rules.assess`, ``probe_slow``)
-and its latency factor does not decay
-(:meth:`adaptive_lb.stats.latency_factor.LatencyRecord.update`, ``held``).
+A SLOW host, or one the latency factor keeps away, gets no user request, so no evidence: it
+would be let back after a window, and the latency factor would decay, on no evidence at all.
+The probes it already gets (:mod:`adaptive_lb.health.probes`) are the evidence there is.
+:func:`still_slow` says from their round trips whether it is *still clearly slower* than its
+peers; while it is, a SLOW host is not let back on its window's lapse (``probe_slow`` of
+:func:`adaptive_lb.health.rules.assess`) and its latency factor does not decay (``held``).
 
-**Against the peers' user requests, no probe of theirs.** A healthy host answering its
-user requests is never probed, not even as a reference: its user round trips are the
-reference. A probe reads one row of ``system.local`` from the node's memory and costs it
-almost nothing, a user request a real read, so the two differ on the same node by an
-*offset* ``o`` (the read's own cost). It is measured, not assumed: on the hosts other than
-the probed one that have both in the window (:data:`MIN_EVIDENCE` answered probes and as
-many user answers, e.g. a host probed for want of a fresh answer), the median of their
-user p50 minus their probe median, at least 0 (:func:`probe_offset`). What a probe would
-take on the peers is then ``q = u - o``, ``u`` being the peers' median of user medians
-(the evidence rules' reference, :mod:`adaptive_lb.health.evidence`). Without such a host -- the
-common case, healthy hosts with traffic being unprobed -- ``q`` is the peers' median of
-their fastest tenth of user requests (p10): a probe is no dearer than the cheapest reads,
-so ``q`` can only overstate it and understate how slow the host is. ``q`` is at least
-:data:`MIN_REFERENCE` x ``u``. The host's probe median ``m`` (``n`` answered probes in
-the window) is compared with ``q`` in their log-normal model: surely slower when::
+The reference is the peers' user requests, never a probe of theirs: what a probe would take
+on the peers is ``q = u - o`` (``u`` their median of user medians, ``o`` the offset of a user
+request over a probe measured on hosts that have both, :func:`probe_offset`; without one,
+the peers' p10), at least :data:`MIN_REFERENCE` x ``u``. The host's probe median ``m`` must
+be surely above ``q`` (:func:`adaptive_lb.stats.latency_factor.gap_bounds`), and a user
+request on it, ``u + (m - q)``, beyond what the latency factor counts as equal. One-sided: a
+fast probe does not prove that user requests are fast. docs/design.md ("Active probes")
+gives the formulas and figures.
 
-    ln(m / q) > c * 1.2533 * sqrt(s_m ** 2 / n + s_q ** 2 / n_p)
-
-(``c`` = ``health.certainty``, ``n_p`` the median answer count of the group's hosts,
-``s_m`` and ``s_q`` the cluster's log-spread ``s`` with the latency factor's floor for the
-client's own jitter at ``m`` and ``q``: a probe's round trip is measured by the same busy
-client, :func:`adaptive_lb.stats.latency_factor.floored_spread`).
-
-**How much slower, for a user request.** What slows a probe down on a busy node -- the
-queue it waits in, the network -- adds to a user request the same way, in seconds, not as
-a ratio. So the excess ``m - q`` is added to ``u``, and the host is still clearly slower
-when that is beyond what the latency factor counts as equal::
-
-    u + (m - q) > max(dead_band * u, recovery_factor * slow_floor)
-
-One-sided on purpose: a fast probe does not prove that user requests are fast (a slow
-disk, a hot partition, a slow table never shows in ``system.local``), so fast probes leave
-the host to the ways back it had without them; only slow probes hold it.
-
-Imports the config, the statistics (window type, host statistics), the evidence rules, the
-peer groups and the latency factor's gap bounds (the same jitter floor); pure logic, no
-state.
+Imports the config, the statistics, the evidence rules, the peer groups and the latency
+factor's gap bounds; pure logic, no state.
 """
 
 from __future__ import annotations
@@ -139,14 +106,9 @@ def still_slow(
     else:
         peer_s = peer_user_s
     peer_s = max(peer_s, MIN_REFERENCE * peer_user_s)
+    jitter_s = config.latency_factor.jitter
     _, low, _ = gap_bounds(
-        median_s,
-        peer_s,
-        samples,
-        peer_samples,
-        spread,
-        config.certainty,
-        config.latency_factor.jitter,
+        median_s, peer_s, samples, peer_samples, spread, config.certainty, jitter_s
     )
     if low <= 0:
         return None  # not surely slower than its peers at all
@@ -195,16 +157,8 @@ def still_slow_hosts(
         if user_s is None or count < MIN_EVIDENCE:
             continue
         offset_s = probe_offset(probes, windows, groups, group, key)
-        why = still_slow(
-            median_s,
-            count,
-            user_s,
-            peer_samples.get(group, 0),
-            offset_s,
-            spread,
-            config,
-            peer_fastest.get(key),
-        )
+        fastest_s, behind = peer_fastest.get(key), peer_samples.get(group, 0)
+        why = still_slow(median_s, count, user_s, behind, offset_s, spread, config, fastest_s)
         if why is not None:
             slow[key] = why
     return slow

@@ -31,8 +31,8 @@ since its last probe. A healthy host answering its user requests is never probed
   healthy replica's 0.5 s probe timeout sent its traffic to a non-replica) -- and one that
   failed ERRORING (cause ``errors``), at once; unless a later probe answered;
 * a *stalled* host gets no user request (no user-request probe,
-  :class:`~adaptive_lb.health.way_back.Probe`) until a probe answers after its verdict, its
-  hold (:func:`~adaptive_lb.health.way_back.hold_s`) is over and nothing caught in the stall
+  :class:`~adaptive_lb.health.verdict.Probe`) until a probe answers after its verdict, its
+  hold (:func:`~adaptive_lb.health.verdict.hold_s`) is over and nothing caught in the stall
   is in flight on it; then it is HEALTHY at once: the probe waited behind whatever the
   stall had queued, so the host is serving again and nothing in it is cold (a warm-up of
   ``min_state_duration`` would keep a thin client off it that long; a relapse is still
@@ -64,8 +64,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from attrs import define, evolve
 
 from adaptive_lb.config import HealthConfig
-from adaptive_lb.health.verdict import HostHealth
-from adaptive_lb.health.way_back import hold_s
+from adaptive_lb.health.verdict import HostHealth, hold_s
 from adaptive_lb.stats.health_state import HealthState
 from adaptive_lb.stats.host import HostStats, WindowStats
 from adaptive_lb.stats.probe_record import TIMEOUT, ProbeRecord
@@ -222,6 +221,28 @@ class ProbeScheduler:
         return orders
 
 
+def _probe_failed(
+    new: HostHealth,
+    record: ProbeRecord,
+    config: HealthConfig,
+    now_ns: int,
+    window_s: float,
+    answers: int,
+) -> HostHealth:
+    """``new`` after the host's last probe failed (since its last verdict): ERRORING,
+    stalled if it timed out while no user request was answered."""
+    stall = record.last_outcome == TIMEOUT
+    sent_ns = record.last_sent_ns
+    answered_users_ns = record.user_answer_ns
+    if stall and answered_users_ns is not None and sent_ns is not None:
+        stall = answered_users_ns <= sent_ns  # users answered meanwhile: busy
+        if not stall:
+            return new
+    what = "did not answer within" if stall else "failed within"
+    reason = f"probe {what} {config.probe_timeout:g}s"
+    return _erroring(new, config, now_ns, window_s, answers, stall, reason)
+
+
 def judge(
     previous: HostHealth,
     new: HostHealth,
@@ -246,16 +267,7 @@ def judge(
         if previous.state is HealthState.ERRORING:
             return new
         if failing and failed_ns is not None and failed_ns > previous.since_ns:
-            stall = record.last_outcome == TIMEOUT
-            sent_ns = record.last_sent_ns
-            answered_users_ns = record.user_answer_ns
-            if stall and answered_users_ns is not None and sent_ns is not None:
-                stall = answered_users_ns <= sent_ns  # users answered meanwhile: busy
-                if not stall:
-                    return new
-            what = "did not answer within" if stall else "failed within"
-            reason = f"probe {what} {config.probe_timeout:g}s"
-            return _erroring(new, config, now_ns, window_s, answers, stall, reason)
+            return _probe_failed(new, record, config, now_ns, window_s, answers)
         if (
             _held_in_vain(record, HUNG, now_ns, config.probe_timeout, answers)
             and (answered_ns is None or answered_ns <= (record.held_ns or 0))

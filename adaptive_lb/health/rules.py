@@ -1,50 +1,39 @@
 """Health rules: the next verdict on a host, as a pure function (:func:`assess`).
 
 At each refresh :class:`adaptive_lb.health.model.HealthModel` gives :func:`assess` the host's
-previous verdict, its statistics window and a :class:`Baseline` (what its peers show and
-how late the client itself runs); :func:`assess` reads the window's *signals* once
-(stalled, erroring, slow, suspected) and moves the host between the
-states of :class:`~adaptive_lb.stats.health_state.HealthState`:
+previous verdict, its statistics window and a :class:`Baseline` (its peers' numbers, the
+client's lateness); :func:`assess` reads the window's signals once (stalled, erroring,
+slow: :mod:`adaptive_lb.health.slowness`) and moves the host between HEALTHY, WARMING,
+SLOW and ERRORING (:class:`~adaptive_lb.stats.health_state.HealthState`). Quick to protect:
+getting worse takes effect at the first refresh that shows it (a stall or errors win over
+slowness). Quick to forgive once the host shows it is back, never on no evidence: after its
+hold, on fresh answers, a probe or a window back to normal, always through WARMING
+(:mod:`adaptive_lb.health.verdict`). docs/design.md ("Health") tells the rules with their
+figures.
 
-* HEALTHY (penalty 1) and WARMING (a host coming back: its penalty decays to 1 over
-  ``slow_start``, :func:`~adaptive_lb.health.verdict.warming_penalty`).
-* SLOW (``penalties.slow``): slower than its peers beyond what the sample sizes and the
-  client's own lateness explain, at alpha squared (:mod:`adaptive_lb.health.slowness`: twice as
-  sure in one window, or a suspicion confirmed by the answers that came after it).
-* ERRORING (``penalties.erroring``, ``penalties.stalled`` for a stall): an error + timeout
-  rate above ``error_rate`` (over ``min_samples`` requests, or surely by
-  :func:`~adaptive_lb.health.evidence.erroring_by_evidence`), or requests in flight and no answer
-  for ``stall_timeout``. Wins over SLOW.
-
-Quick to protect: getting worse takes effect at the first refresh that shows it. Quick to
-forgive once the host shows it is back, never on no evidence: a bad state is left after its
-hold (:func:`~adaptive_lb.health.way_back.hold_s`), on fresh answers, a probe
-(:mod:`adaptive_lb.health.way_back`) or a window back to normal, and always through WARMING.
-docs/design.md ("Health") tells the rules with their figures.
-
-May import: the config model, the verdict (:mod:`adaptive_lb.health.verdict`), the ways
-back (:mod:`adaptive_lb.health.way_back`), the evidence rules (:mod:`adaptive_lb.health.evidence`,
-:mod:`adaptive_lb.health.slowness`), the health states and the statistics window's type; pure
-logic only.
+May import: the config model, the verdict and its way back, the evidence rules
+(:mod:`adaptive_lb.health.evidence`, :mod:`adaptive_lb.health.slowness`), the health states
+and the statistics window's type; pure logic only.
 """
 
 from __future__ import annotations
 
-from attrs import define
+from attrs import define, field
 
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.health.evidence import erroring_by_evidence
 from adaptive_lb.health.slowness import Baseline, Slowness, judge_slowness
-from adaptive_lb.health.verdict import HostHealth, warming_penalty
-from adaptive_lb.health.way_back import (
+from adaptive_lb.health.slowness import seconds_text as _s
+from adaptive_lb.health.verdict import (
     CLEAN_STREAK,
-    RELAPSE_WINDOWS,
     Evidence,
+    HostHealth,
     Probe,
     hold_s,
     probe_requests,
     probe_wait_s,
     warm_up_s,
+    warming_penalty,
 )
 from adaptive_lb.stats.health_state import HealthState
 from adaptive_lb.stats.host import WindowStats
@@ -55,72 +44,10 @@ _NS = 1_000_000_000
 _FINE = (HealthState.HEALTHY, HealthState.WARMING)
 
 
-def _s(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds:.4f}s"
-
-
-@define(frozen=True, slots=True)
-class _Signals:
-    """What one refresh reads from a host's window, before any state is considered."""
-
-    latency: float | None
-    """Its latency at ``health.percentile``."""
-    enough_requests: bool
-    """``min_samples`` requests with an outcome: the error rate counts as it is."""
-    enough_samples: bool
-    """``min_samples`` latency samples: the tail and body rules may judge."""
-    stalled: bool
-    errors_why: str | None
-    """Why it is erroring (None: it is not)."""
-    slowness: Slowness
-
-    @property
-    def slow_why(self) -> str | None:
-        """Why it is SLOW (None: it is not)."""
-        return self.slowness.why
-
-
-def _read_signals(
-    previous: HostHealth,
-    window: WindowStats,
-    baseline: Baseline,
-    config: HealthConfig,
-    now_ns: int,
-    window_s: float,
-    stalled_s: float,
-    recent: WindowStats | None,
-) -> _Signals:
-    """The :class:`_Signals` of ``window`` (``recent``: the answers of its intervals entered
-    since the host was suspected)."""
-    latency = window.latency.get(float(config.percentile))
-    enough_requests = window.requests >= config.min_samples
-    errors_why = None if enough_requests else erroring_by_evidence(window, config)
-    if errors_why is None and enough_requests and window.error_rate > config.error_rate:
-        errors_why = (
-            f"error+timeout rate {window.error_rate:.1%} > {config.error_rate:.1%} "
-            f"over {window.requests} requests"
-        )
-    returned_ns = previous.evidence.returned_ns
-    relapsing = (
-        previous.state is HealthState.WARMING
-        and returned_ns is not None
-        and now_ns - returned_ns < RELAPSE_WINDOWS * window_s * _NS
-    )
-    suspected = (previous.suspect_since_ns, previous.suspect_interval)
-    slowness = judge_slowness(window, baseline, config, now_ns, suspected, recent, relapsing)
-    return _Signals(
-        latency,
-        enough_requests,
-        window.samples >= config.min_samples and latency is not None,
-        0 < config.stall_timeout <= stalled_s,
-        errors_why,
-        slowness,
-    )
-
-
 @define
 class _Step:
-    """One host's refresh: the inputs, the signals, and the verdicts it may give."""
+    """One host's refresh: the inputs, what its window signals (read once, before any state
+    is considered), and the verdicts it may give."""
 
     previous: HostHealth
     window: WindowStats
@@ -131,10 +58,46 @@ class _Step:
     stalled_s: float
     answers: int
     failures: int
-    signals: _Signals
-    evidence: Evidence
-    streak: int
-    """Answers in a row, none failed (:meth:`~adaptive_lb.health.way_back.Evidence.observe`)."""
+    recent: WindowStats | None = field(repr=False)
+    """The answers of the window's intervals entered since the host was suspected."""
+    latency: float | None = field(init=False)
+    """Its latency at ``health.percentile``."""
+    enough_requests: bool = field(init=False)
+    """``min_samples`` requests with an outcome: the error rate counts as it is."""
+    stalled: bool = field(init=False)
+    errors_why: str | None = field(init=False)
+    """Why it is erroring (None: it is not)."""
+    slowness: Slowness = field(init=False)
+    evidence: Evidence = field(init=False)
+    streak: int = field(init=False)
+    """Answers in a row, none failed (:meth:`~adaptive_lb.health.verdict.Evidence.observe`)."""
+
+    def __attrs_post_init__(self) -> None:
+        previous, window, config = self.previous, self.window, self.config
+        self.latency = window.latency.get(float(config.percentile))
+        self.enough_requests = enough = window.requests >= config.min_samples
+        self.errors_why = None if enough else erroring_by_evidence(window, config)
+        if self.errors_why is None and enough and window.error_rate > config.error_rate:
+            self.errors_why = (
+                f"error+timeout rate {window.error_rate:.1%} > {config.error_rate:.1%} "
+                f"over {window.requests} requests"
+            )
+        self.stalled = 0 < config.stall_timeout <= self.stalled_s
+        suspected = (previous.suspect_since_ns, previous.suspect_interval)
+        self.slowness = judge_slowness(
+            window, self.baseline, config, self.now_ns, suspected, self.recent
+        )
+        self.evidence, self.streak = previous.evidence.observe(self.answers, self.failures)
+
+    @property
+    def slow_why(self) -> str | None:
+        """Why it is SLOW (None: it is not)."""
+        return self.slowness.why
+
+    @property
+    def enough_samples(self) -> bool:
+        """``min_samples`` latency samples: the tail rule may judge."""
+        return self.window.samples >= self.config.min_samples and self.latency is not None
 
     @property
     def state(self) -> HealthState:
@@ -166,13 +129,13 @@ class _Step:
         probe: Probe | None = None,
         warm_up: float | None = None,
     ) -> HostHealth:
-        window, signals = self.window, self.signals
+        window, slowness = self.window, self.slowness
         return HostHealth(
             state,
             since_ns,
             penalty,
             reason,
-            latency=signals.latency,
+            latency=self.latency,
             peer_median=self.baseline.tail,
             error_rate=window.error_rate,
             samples=window.samples,
@@ -181,22 +144,22 @@ class _Step:
             evidence=self.evidence if evidence is None else evidence,
             probe=probe,
             warm_up_s=warm_up,
-            suspect_since_ns=signals.slowness.suspect_since_ns,
-            suspect_interval=signals.slowness.suspect_interval,
-            suspect_ratio=signals.slowness.suspect_ratio,
+            suspect_since_ns=slowness.suspect_since_ns,
+            suspect_interval=slowness.suspect_interval,
+            suspect_ratio=slowness.suspect_ratio,
         )
 
     def hold(self, penalty: float, probe: Probe | None = None) -> HostHealth:
         """The same state, since the same moment, with ``penalty``."""
-        previous = self.previous
+        old = self.previous
         return self.verdict(
-            previous.state,
+            old.state,
             penalty,
-            previous.reason,
-            previous.since_ns,
-            previous.cause,
+            old.reason,
+            old.since_ns,
+            old.cause,
             probe=probe,
-            warm_up=previous.warm_up_s,
+            warm_up=old.warm_up_s,
         )
 
     def warming(self, reason: str, after_stall: bool = False) -> HostHealth:
@@ -219,16 +182,17 @@ class _Step:
 
     def slow(self) -> HostHealth:
         """SLOW from now, for the signals' reason."""
-        return self.worse(
-            HealthState.SLOW, self.config.penalties.slow, self.signals.slow_why or "", "slow"
-        )
+        return self.worse(HealthState.SLOW, self.config.penalties.slow, self.slow_why or "", "slow")
+
+    def back(self, reason: str) -> HostHealth:
+        """Back from errors: WARMING, unless its window shows it slow (then SLOW)."""
+        return self.slow() if self.slow_why is not None else self.warming(reason)
 
     def recovered_errors(self) -> bool:
         """Its window shows an error rate back below ``recovery_factor`` x ``error_rate``."""
         config, window = self.config, self.window
         return (
-            self.signals.enough_requests
-            and window.error_rate < config.recovery_factor * config.error_rate
+            self.enough_requests and window.error_rate < config.recovery_factor * config.error_rate
         )
 
 
@@ -249,55 +213,41 @@ def assess(
     """The next verdict for a host; a pure function (see the module docstring).
 
     ``window`` must hold the latency at ``config.percentile`` and at the percentiles of
-    :func:`~adaptive_lb.health.evidence.bound_percentiles` of its sample count. ``window_s`` is
-    the statistics window's length: after that long in SLOW / ERRORING without
-    ``min_samples`` of fresh evidence a host starts WARMING. ``stalled_s`` is how long the
-    host has had requests in flight without answering any. ``answers`` and ``failures``
-    are the host's monotonic totals of successes and of errors + timeouts: what it did
-    since the previous verdict is the fresh evidence of a way back
-    (:mod:`adaptive_lb.health.way_back`). ``probe_slow``: why the host's probes say it is
-    still clearly slow (:mod:`adaptive_lb.health.probe_latency`); then a SLOW host is not let back
-    on its window's lapse. ``recent``: the answers of the window's intervals entered since
-    the host was suspected."""
-    signals = _read_signals(previous, window, baseline, config, now_ns, window_s, stalled_s, recent)
-    evidence, streak = previous.evidence.observe(answers, failures)
+    :func:`~adaptive_lb.health.evidence.bound_percentiles` of its sample count. ``window_s``:
+    the statistics window's length (a SLOW host without ``min_samples`` of fresh evidence
+    for that long starts WARMING). ``stalled_s``: how long the host has had requests in
+    flight without answering any. ``answers`` and ``failures``: its monotonic totals of
+    successes and of errors + timeouts (the fresh evidence of a way back). ``probe_slow``:
+    why its probes say it is still clearly slow (:mod:`adaptive_lb.health.probe_latency`):
+    then a SLOW host is not let back on its window's lapse. ``recent``: the answers of the
+    window's intervals entered since the host was suspected."""
     step = _Step(
-        previous,
-        window,
-        baseline,
-        config,
-        now_ns,
-        window_s,
-        stalled_s,
-        answers,
-        failures,
-        signals,
-        evidence,
-        streak,
+        previous, window, baseline, config, now_ns, window_s, stalled_s, answers, failures, recent
     )
     verdict = _worse(step)
-    if verdict is None and step.state is HealthState.ERRORING:
-        verdict = _erroring(step)
-    if verdict is None and step.state is HealthState.SLOW:
-        verdict = _slow(step, probe_slow)
-    if verdict is None and step.state is HealthState.WARMING:
-        verdict = _warming(step)
-    if verdict is None:
-        latency, pct = signals.latency, f"p{config.percentile:g}"
-        verdict = step.verdict(
-            HealthState.HEALTHY,
-            config.penalties.healthy,
-            f"{pct} {_s(latency)} (peer median {_s(baseline.tail)}), {window.samples} samples; "
-            f"error+timeout rate {window.error_rate:.1%} over {window.requests} requests",
-            previous.since_ns,
-        )
-    return verdict
+    if verdict is not None:
+        return verdict
+    if step.state is HealthState.ERRORING:
+        return _erroring(step)
+    if step.state is HealthState.SLOW:
+        return _slow(step, probe_slow)
+    if step.state is HealthState.WARMING:
+        return _warming(step)
+    pct = f"p{config.percentile:g}"
+    return step.verdict(
+        HealthState.HEALTHY,
+        config.penalties.healthy,
+        f"{pct} {_s(step.latency)} (peer median {_s(baseline.tail)}), "
+        f"{window.samples} samples; "
+        f"error+timeout rate {window.error_rate:.1%} over {window.requests} requests",
+        previous.since_ns,
+    )
 
 
 def _worse(step: _Step) -> HostHealth | None:
     """Getting worse: at once."""
-    signals, penalties, state = step.signals, step.config.penalties, step.state
-    if signals.stalled and state is not HealthState.ERRORING:
+    penalties, state = step.config.penalties, step.state
+    if step.stalled and state is not HealthState.ERRORING:
         return step.worse(
             HealthState.ERRORING,
             penalties.stalled,
@@ -305,24 +255,22 @@ def _worse(step: _Step) -> HostHealth | None:
             f"{step.window.in_flight} requests in flight",
             "stall",
         )
-    if signals.errors_why is not None and state is not HealthState.ERRORING:
-        return step.worse(HealthState.ERRORING, penalties.erroring, signals.errors_why, "errors")
-    if signals.slow_why is not None and state in _FINE:
+    if step.errors_why is not None and state is not HealthState.ERRORING:
+        return step.worse(HealthState.ERRORING, penalties.erroring, step.errors_why, "errors")
+    if step.slow_why is not None and state in _FINE:
         return step.slow()
     return None
 
 
 def _erroring(step: _Step) -> HostHealth:
     """An ERRORING host: its probe, its fresh answers, then its window
-    (:mod:`adaptive_lb.health.way_back`)."""
+    (:mod:`adaptive_lb.health.verdict`)."""
     verdict = _probe_outcome(step) or _fresh_answers(step)
     if verdict is not None:
         return verdict
     if step.recovered_errors():
-        if step.signals.slow_why is not None:
-            return step.slow()
         config, window = step.config, step.window
-        return step.warming(
+        return step.back(
             f"recovered: error+timeout rate {window.error_rate:.1%} < "
             f"{config.recovery_factor:g} x {config.error_rate:.1%} "
             f"over {window.requests} requests"
@@ -337,13 +285,13 @@ def _probe_outcome(step: _Step) -> HostHealth | None:
         return None
     # By its window (errors only: a stalled host's window holds the stall's timeouts).
     recovered = cause != "stall" and step.recovered_errors()
-    if (step.signals.stalled or step.failures > probe.failures_at_start) and not recovered:
+    if (step.stalled or step.failures > probe.failures_at_start) and not recovered:
         config = step.config
         failed = step.evidence.probe_failed(step.answers, step.now_ns)
         wait = probe_wait_s(
             config.min_state_duration, failed.relapses, failed.failed_probes, step.window_s
         )
-        what = "no answer" if step.signals.stalled else "a failure"
+        what = "no answer" if step.stalled else "a failure"
         return step.verdict(
             state,
             step.erroring_penalty,
@@ -355,9 +303,7 @@ def _probe_outcome(step: _Step) -> HostHealth | None:
     if step.streak >= probe_requests(cause):
         if cause == "stall":
             return step.warming(f"probe answered after a stall: {step.streak} answers", True)
-        if step.signals.slow_why is not None:
-            return step.slow()
-        return step.warming(f"probe answered: {step.streak} answers in a row, none failed")
+        return step.back(f"probe answered: {step.streak} answers in a row, none failed")
     return None
 
 
@@ -371,7 +317,7 @@ def _fresh_answers(step: _Step) -> HostHealth | None:
     wait_s = probe_wait_s(
         config.min_state_duration, evidence.relapses, evidence.failed_probes, step.window_s
     )
-    if step.signals.stalled or waited_s < wait_s:
+    if step.stalled or waited_s < wait_s:
         return step.hold(step.erroring_penalty, probe)
     if cause == "stall":
         # Its window holds the stall's timeouts: judge it by what it does now -- once
@@ -384,9 +330,7 @@ def _fresh_answers(step: _Step) -> HostHealth | None:
                 f"answering again after a stall: {step.streak} answers, none failed", True
             )
     elif step.streak >= CLEAN_STREAK:
-        if step.signals.slow_why is not None:
-            return step.slow()
-        return step.warming(f"errors stopped: {step.streak} answers in a row, none failed")
+        return step.back(f"errors stopped: {step.streak} answers in a row, none failed")
     if probe is None and (cause == "stall" or not step.recovered_errors()):
         window = step.window
         requests = probe_requests(cause)
@@ -409,17 +353,17 @@ def _fresh_answers(step: _Step) -> HostHealth | None:
 def _slow(step: _Step, probe_slow: str | None) -> HostHealth:
     """A SLOW host: held, then back when its window is clearly back to normal, or after a
     window without the answers to tell (unless its probes say it is still slow)."""
-    config, signals, previous = step.config, step.signals, step.previous
+    config, previous = step.config, step.previous
     penalty = config.penalties.slow
     in_state_s = step.in_state_s
     if in_state_s < hold_s(config.min_state_duration, step.evidence.relapses, step.window_s):
         return step.hold(penalty)
-    latency, threshold = signals.latency, signals.slowness.threshold
+    latency, threshold = step.latency, step.slowness.threshold
     pct = f"p{config.percentile:g}"
-    if signals.enough_samples and latency is not None:
+    if step.enough_samples and latency is not None:
         if threshold is None:
             return step.warming(f"no peer latency to compare {pct} {_s(latency)} with")
-        if latency < config.recovery_factor * threshold and signals.slow_why is None:
+        if latency < config.recovery_factor * threshold and step.slow_why is None:
             return step.warming(
                 f"recovered: {pct} {_s(latency)} < {config.recovery_factor:g} x "
                 f"{_s(threshold)} (peer median {_s(step.baseline.tail)}), "
@@ -448,7 +392,7 @@ def _warming(step: _Step) -> HostHealth:
             HealthState.HEALTHY,
             penalties.healthy,
             f"warm-up complete after {in_state_s:.1f}s: p{config.percentile:g} "
-            f"{_s(step.signals.latency)}, error+timeout rate {window.error_rate:.1%}",
+            f"{_s(step.latency)}, error+timeout rate {window.error_rate:.1%}",
             step.now_ns,
         )
     return step.hold(warming_penalty(penalties.warming, in_state_s, warm_up, end=penalties.healthy))

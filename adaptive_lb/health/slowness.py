@@ -1,15 +1,14 @@
 """Whether a host is slower than its peers, at a stated false-alarm budget (pure logic).
 
-Three ways, each a confidence statement at a given certainty: the host's median against its
-peers' (:func:`~adaptive_lb.health.evidence.slow_by_evidence`), and the lower confidence bounds of
-its body (p90) and of its tail (p99) above a threshold made from its peers' (the same
-percentile, x ``outlier_factor``) plus the client's own lateness
-(:func:`~adaptive_lb.health.evidence.tail_percentiles`). :class:`Gap` says which, with the
-numbers. :func:`judge_slowness` asks it at each refresh, against the host's
-:class:`Baseline`: a verdict needs evidence at alpha squared, from the window alone (twice
-as sure) or at alpha from the window (a *suspicion*) and again from the answers of the
-window's intervals entered since (a disjoint sample: a burst of the client's own lateness
-is not in both). :mod:`adaptive_lb.health.rules` turns the answer into states.
+Two tests, each a confidence statement at a given certainty (:meth:`Baseline.gap`): the
+host's median against its peers' (:func:`~adaptive_lb.health.evidence.slow_by_evidence`),
+and the lower confidence bound of its tail (p99) above a threshold made from its peers'
+(the same percentile, x ``outlier_factor``) plus the client's own lateness
+(:meth:`Baseline.threshold`). :func:`judge_slowness` asks them at each refresh: a
+verdict needs evidence at alpha squared, from the window alone (twice as sure) or at alpha
+from the window (a *suspicion*) and again from the answers of the window's intervals
+entered since (a disjoint sample: a burst of the client's own lateness is not in both).
+:mod:`adaptive_lb.health.rules` turns the answer into states.
 
 Imports the config, the statistics' window type and :mod:`adaptive_lb.health.evidence`.
 """
@@ -21,77 +20,23 @@ from attrs import define
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.health.evidence import (
     DEFAULT_SPREAD,
-    MIN_EVIDENCE,
-    body_percentile,
     slow_by_evidence,
     tail_percentiles,
     twice_as_sure,
 )
 from adaptive_lb.stats.host import WindowStats
 
-__all__ = ["Baseline", "Gap", "Slowness", "above", "judge_slowness", "threshold_text"]
+__all__ = ["Baseline", "Slowness", "judge_slowness", "seconds_text"]
 
 _NS = 1_000_000_000
 
 
-def _s(seconds: float | None) -> str:
+def seconds_text(seconds: float | None) -> str:
+    """``seconds`` as a verdict's reason shows them (``n/a``: unknown)."""
     return "n/a" if seconds is None else f"{seconds:.4f}s"
 
 
-def above(latency: float | None, threshold: float | None) -> bool:
-    """Whether ``latency`` is known and above a known ``threshold``."""
-    return latency is not None and threshold is not None and latency > threshold
-
-
-def threshold_text(
-    config: HealthConfig,
-    peers: float | None,
-    bound: float | None,
-    lateness_s: float,
-    body: bool = False,
-) -> str:
-    """How a threshold was made, for the reason of a verdict: ``outlier_factor`` x the
-    peers' ``peers`` (their p99, or their p90 with ``body``), their upper ``bound`` when
-    there is one, ``slow_floor``, plus the client's lateness."""
-    which = f"p{body_percentile(config.percentile):g}" if body else f"p{config.percentile:g}"
-    parts = [f"{config.outlier_factor:.1f} x peer median {which} {_s(peers)}"]
-    if bound is not None:
-        parts.append(f"peer bound {_s(bound)}")
-    parts.append(f"floor {_s(config.slow_floor)}")
-    return f"max({', '.join(parts)}) + client lateness {_s(lateness_s)}"
-
-
-@define(frozen=True)
-class Gap:
-    """Why a sample of a host's answers shows it slower than its peers at a certainty
-    (None: it does not): its median (:func:`~adaptive_lb.health.evidence.slow_by_evidence`), its
-    body or its tail (their lower confidence bounds,
-    :func:`~adaptive_lb.health.evidence.tail_percentiles`, above ``body`` and ``tail``: a threshold
-    and how it was made)."""
-
-    config: HealthConfig
-    peer_typical: float | None
-    spread: float
-    least: int
-    lateness_s: float
-    tail: tuple[float | None, str]
-    body: tuple[float | None, str]
-
-    def __call__(self, sample: WindowStats, certainty: float, tails: bool) -> str | None:
-        config = self.config
-        why = slow_by_evidence(
-            sample, self.peer_typical, self.spread, config, self.least, self.lateness_s, certainty
-        )
-        if why is not None or not tails:
-            return why
-        bounds = tail_percentiles(sample.samples, config, certainty)
-        if bounds is None:
-            return None
-        for (threshold, made), at in ((self.body, bounds[2]), (self.tail, bounds[0])):
-            value = sample.latency.get(at)
-            if above(value, threshold):
-                return f"p{at:.3g} {_s(value)} > {_s(threshold)} = {made}, {sample.samples} samples"
-        return None
+_s = seconds_text
 
 
 @define(frozen=True, slots=True)
@@ -102,42 +47,59 @@ class Baseline:
 
     tail: float | None = None
     """The peers' median latency at ``health.percentile`` (None: the host cannot be SLOW by
-    its tail or body: nothing to be an outlier of)."""
+    its tail: nothing to be an outlier of)."""
     tail_bound: float | None = None
     """The peers' median upper confidence bound of that percentile."""
-    body: float | None = None
-    """The peers' median latency at :func:`~adaptive_lb.health.evidence.body_percentile`."""
     typical: float | None = None
     """The peers' median p50, of hosts with a few answers (the median rule's reference)."""
     spread: float = DEFAULT_SPREAD
     """The cluster's log-spread of latency (:func:`~adaptive_lb.health.evidence.latency_spread`)."""
     lateness_s: float = 0.0
-    """The client's largest lateness over the window: added to the tail and body thresholds."""
+    """The client's largest lateness over the window: added to the tail's threshold."""
     typical_lateness_s: float = 0.0
     """Its median lateness: taken off the host's median by the median rule."""
 
-    def gap(self, config: HealthConfig, least: int = MIN_EVIDENCE) -> Gap:
-        """The tests against this baseline: the tail's threshold is ``outlier_factor`` x
-        the peers' estimate and above the peers' own upper confidence bound, plus what the
-        client itself may have added to any answer; ``least``: the fewest answers the
-        median rule may decide on."""
-        late, tail, body = self.lateness_s, self.tail, self.body
-        threshold = None
-        if tail is not None:
-            threshold = max(config.outlier_factor * tail, self.tail_bound or 0.0, config.slow_floor)
-            threshold += late
-        body_threshold = None
-        if body is not None:
-            body_threshold = max(config.outlier_factor * body, config.slow_floor) + late
-        return Gap(
-            config,
-            self.typical,
-            self.spread,
-            least,
-            self.typical_lateness_s,
-            (threshold, threshold_text(config, tail, self.tail_bound, late)),
-            (body_threshold, threshold_text(config, body, None, late, body=True)),
+    def threshold(self, config: HealthConfig) -> float | None:
+        """The tail's SLOW threshold: ``outlier_factor`` x the peers' tail, above their upper
+        confidence bound, at least ``slow_floor``, plus what the client itself may have
+        added to any answer; None without the peers' tail."""
+        if self.tail is None:
+            return None
+        threshold = max(
+            config.outlier_factor * self.tail, self.tail_bound or 0.0, config.slow_floor
         )
+        return threshold + self.lateness_s
+
+    def gap(
+        self,
+        sample: WindowStats,
+        config: HealthConfig,
+        certainty: float,
+        tails: bool,
+    ) -> str | None:
+        """Why ``sample`` shows its host slower than its peers at ``certainty`` (None: it
+        does not): its median, or (``tails``) the lower confidence bound of its tail above its
+        threshold."""
+        why = slow_by_evidence(
+            sample, self.typical, self.spread, config, self.typical_lateness_s, certainty
+        )
+        if why is not None or not tails:
+            return why
+        bounds = tail_percentiles(sample.samples, config, certainty)
+        if bounds is None:
+            return None
+        threshold, at = self.threshold(config), bounds[0]
+        value = sample.latency.get(at)
+        if value is None or threshold is None or value <= threshold:
+            return None
+        parts = [
+            f"{config.outlier_factor:.1f} x peer median p{config.percentile:g} {_s(self.tail)}"
+        ]
+        if self.tail_bound is not None:
+            parts.append(f"peer bound {_s(self.tail_bound)}")
+        parts.append(f"floor {_s(config.slow_floor)}")
+        made = f"max({', '.join(parts)}) + client lateness {_s(self.lateness_s)}"
+        return f"p{at:.3g} {_s(value)} > {_s(threshold)} = {made}, {sample.samples} samples"
 
 
 @define(frozen=True, slots=True)
@@ -165,20 +127,16 @@ def judge_slowness(
     now_ns: int,
     suspected: tuple[int | None, int | None] = (None, None),
     recent: WindowStats | None = None,
-    relapsing: bool = False,
 ) -> Slowness:
     """Whether ``window`` shows its host slower than ``baseline`` (see the module
     docstring). ``suspected``: since when (clock ns) and since which interval of the window
     the host has been suspected (None, None: it was not at the last refresh). ``recent``:
-    the answers of the window's intervals entered since. ``relapsing``: the host is just
-    back from SLOW: the window that sent it there was the first sample, one answer of a
-    gap will do."""
+    the answers of the window's intervals entered since."""
     latency = window.latency.get(float(config.percentile))
     tails = window.samples >= config.min_samples and latency is not None
-    gap = baseline.gap(config, 1 if relapsing else MIN_EVIDENCE)
-    strong_why = gap(window, twice_as_sure(config.certainty), tails)
-    weak_why = strong_why or gap(window, config.certainty, tails)
-    threshold = gap.tail[0]
+    strong_why = baseline.gap(window, config, twice_as_sure(config.certainty), tails)
+    weak_why = strong_why or baseline.gap(window, config, config.certainty, tails)
+    threshold = baseline.threshold(config)
     if weak_why is None:
         return Slowness(threshold=threshold)
     since, interval = suspected
@@ -191,10 +149,8 @@ def judge_slowness(
         ratio = low / threshold
     why = strong_why
     if why is None and recent is not None and recent.interval == window.interval:
-        again = gap(recent, config.certainty, True)
+        again = baseline.gap(recent, config, config.certainty, True)
         if again is not None:
             held_s = (now_ns - since) / _NS
             why = f"{weak_why}; again in the {recent.samples} answers of the last {held_s:.1f}s"
-    if why is None and relapsing:
-        why = f"{weak_why}; just back from SLOW"
     return Slowness(why, threshold, since, interval, ratio)

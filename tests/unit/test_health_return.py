@@ -10,7 +10,7 @@ import pytest
 from adaptive_lb.config import HealthConfig, TrackingConfig
 from adaptive_lb.core.clock import ManualClock
 from adaptive_lb.health.model import Baseline, HealthModel, HealthState, HostHealth, assess
-from adaptive_lb.health.way_back import (
+from adaptive_lb.health.verdict import (
     CLEAN_STREAK,
     MAX_RELAPSES,
     PROBE_BACKOFF,
