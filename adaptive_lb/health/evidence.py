@@ -169,12 +169,16 @@ def slow_by_evidence(
     config: HealthConfig,
     lateness_s: float = 0.0,
     certainty: float | None = None,
+    noise_s: float = 0.0,
 ) -> str | None:
     """Why the host is a latency outlier by the evidence (its median against
     ``peer_typical``, its peers' median of medians; see the module docstring), or None
     while it is not (yet), from :data:`MIN_EVIDENCE` answers at least. ``lateness_s``:
     the client's own lateness, taken off the host's median and the jitter floor when it
-    is larger. ``certainty``: standard errors of confidence (default ``health.certainty``)."""
+    is larger. ``certainty``: standard errors of confidence (default ``health.certainty``).
+    ``noise_s``: the client's largest lateness over the window, a floor of the spread too:
+    a saturated client delays a burst of answers, and a host whose few answers fell in it
+    shows a median that is the client's."""
     typical = window.latency.get(50.0)
     if typical is None or not peer_typical:
         return None
@@ -182,7 +186,7 @@ def slow_by_evidence(
     if typical <= config.slow_floor:
         return None
     ratio = typical / peer_typical
-    own = floored_spread(spread, max(config.latency_factor.jitter, lateness_s), typical)
+    own = floored_spread(spread, max(config.latency_factor.jitter, lateness_s, noise_s), typical)
     sure = config.certainty if certainty is None else certainty
     needed = samples_needed(ratio, config.outlier_factor, own, sure)
     if window.samples < needed:

@@ -81,7 +81,13 @@ class Baseline:
         does not): its median, or (``tails``) the lower confidence bound of its tail above its
         threshold."""
         why = slow_by_evidence(
-            sample, self.typical, self.spread, config, self.typical_lateness_s, certainty
+            sample,
+            self.typical,
+            self.spread,
+            config,
+            self.typical_lateness_s,
+            certainty,
+            self.lateness_s,
         )
         if why is not None or not tails:
             return why

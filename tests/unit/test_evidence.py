@@ -90,6 +90,18 @@ def test_a_slow_verdict_from_few_answers_names_its_evidence():
     assert slow_by_evidence(window(99, 0.0019), 0.0001, 0.5, CONFIG) is None
 
 
+def test_a_median_from_few_answers_of_a_saturated_client_is_not_a_verdict():
+    # Seen with a closed loop of 32 beside two CPU hogs (test_false_verdicts_simulacron):
+    # an equal host's 24 answers at a median of 2.1 ms against its peers' 0.3 ms. The
+    # client's median lateness was small, its largest 20 ms: a burst of the client's own
+    # delay can hold all of a host's few answers, so it floors the spread too.
+    quiet = slow_by_evidence(window(24, 0.0026), 0.0003, 0.91, CONFIG, 0.0005)
+    assert quiet is not None and quiet.startswith("p50 0.0021s = 7.0 x")
+    assert slow_by_evidence(window(24, 0.0026), 0.0003, 0.91, CONFIG, 0.0005, None, 0.020) is None
+    # A host 50 ms slower still stands out from three answers beside such a client.
+    assert slow_by_evidence(window(3, 0.050), 0.0003, 0.91, CONFIG, 0.0005, None, 0.020)
+
+
 def test_on_a_steady_cluster_the_client_jitter_sets_the_spread():
     # 3 ms among peers at 1.2 ms, cluster spread 0.2: 1 ms of the client's own noise is a
     # log-spread of ln(1 + 1/3) = 0.29 at 3 ms, so 24 answers are needed, not 12.
