@@ -317,8 +317,12 @@ def test_in_flight_is_the_drivers_count_of_the_pool(driver_factory, nodes):
     ``_driver.pool_in_flight_reader`` on a live session, both drivers). Requests that timed
     out on the client stay in flight there -- their streams are orphaned until the server
     answers, and they load it meanwhile -- while tracking has released its own count.
-    Probes are off: one sent to a suspected host would be in flight on the same pool."""
-    policy = adaptive_policy(parse_config("health: {probe_interval: 0}\n"))
+    Probes, thread-pool reads and clients reads are off: one of adaptive-lb's own requests
+    would be in flight on the same pool."""
+    config = (
+        "health: {probe_interval: 0, server_load: {enabled: false}, fleet: {clients_interval: 0}}"
+    )
+    policy = adaptive_policy(parse_config(config + "\n"))
     _, session = driver_factory(policy, contact_points=[nodes[0]])
     tracker = adaptive_lb.instrument(session)
     assert tracker.sampling and not tracker.pool_problems
