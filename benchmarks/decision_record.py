@@ -126,21 +126,18 @@ def main(argv: list[str] | None = None) -> int:
         context.detach(token)
         span.end()
 
-    def request() -> None:
-        token = context.attach(not_recording)
-        next(iter(handing.make_query_plan("ks", statement)))
-        context.detach(token)
-        pending = handing.decisions.take(statement)
-        span = start_span("request", attributes=handing.decisions.request_attributes(pending))
-        span.end()
+    def handed_over(policy: Any) -> Callable[[], None]:
+        def run() -> None:
+            token = context.attach(not_recording)
+            next(iter(policy.make_query_plan("ks", statement)))
+            context.detach(token)
+            pending = policy.decisions.take(statement)
+            span = start_span("request", attributes=policy.decisions.request_attributes(pending))
+            span.end()
 
-    def brief() -> None:
-        token = context.attach(not_recording)
-        next(iter(briefing.make_query_plan("ks", statement)))
-        context.detach(token)
-        pending = briefing.decisions.take(statement)
-        span = start_span("request", attributes=briefing.decisions.request_attributes(pending))
-        span.end()
+        return run
+
+    request, brief = handed_over(handing), handed_over(briefing)
 
     runs = {"plan": plan, "event": event, "request": request, "brief": brief}
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}

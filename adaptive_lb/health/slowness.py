@@ -87,7 +87,7 @@ class Baseline:
             config,
             self.typical_lateness_s,
             certainty,
-            self.lateness_s,
+            noise_s=self.lateness_s,
         )
         if why is not None or not tails:
             return why

@@ -97,9 +97,9 @@ def test_a_median_from_few_answers_of_a_saturated_client_is_not_a_verdict():
     # delay can hold all of a host's few answers, so it floors the spread too.
     quiet = slow_by_evidence(window(24, 0.0026), 0.0003, 0.91, CONFIG, 0.0005)
     assert quiet is not None and quiet.startswith("p50 0.0021s = 7.0 x")
-    assert slow_by_evidence(window(24, 0.0026), 0.0003, 0.91, CONFIG, 0.0005, None, 0.020) is None
+    assert slow_by_evidence(window(24, 0.0026), 0.0003, 0.91, CONFIG, 0.0005, noise_s=0.020) is None
     # A host 50 ms slower still stands out from three answers beside such a client.
-    assert slow_by_evidence(window(3, 0.050), 0.0003, 0.91, CONFIG, 0.0005, None, 0.020)
+    assert slow_by_evidence(window(3, 0.050), 0.0003, 0.91, CONFIG, 0.0005, noise_s=0.020)
 
 
 def test_on_a_steady_cluster_the_client_jitter_sets_the_spread():
