@@ -243,7 +243,15 @@ def test_the_off_switch_gives_a_slow_node_its_stock_share_then_nothing(
     assert policy.snapshot().enabled is False
     off = load(session, statement)
     snapshot = policy.snapshot()
-    assert snapshot.host(slow).health_state == "slow"  # judged while off
+    # Judged SLOW while off. On a loaded machine (1 run in 7 locally) it may already be
+    # WARMING by the end of the load, back from SLOW: that too says it was judged SLOW.
+    judged = snapshot.host(slow)
+    assert judged.health_state == "slow" or (
+        judged.health_state == "warming"
+        and (
+            judged.health_reason.startswith("recovered: p") or "turned slow" in judged.health_reason
+        )
+    ), judged.health_reason
     assert snapshot.host(slow).requests_total >= off.tracked_attempts[slow] > 0
     assert policy_labels(scrape(attachment.prometheus_port), "adaptive_lb_policy_enabled") == {
         "0": 0.0
