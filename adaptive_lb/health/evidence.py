@@ -1,19 +1,20 @@
-"""Judgement proportional to the evidence: the statistics every verdict rests on (pure logic).
+"""Judgement proportional to the evidence: the statistics every verdict rests on, and
+whether a host is slower than its peers at a stated false-alarm budget (pure logic).
 
-* **A median's gap** (:func:`samples_needed`, :func:`slow_by_evidence`): latencies are about
-  log-normal with the cluster's log-spread ``s`` (:func:`latency_spread`); the median of
-  ``n`` answers has a standard error of ``1.2533 * s / sqrt(n)`` in log space, so a host
-  whose median ``m`` is above ``outlier_factor`` x its peers' ``p`` is an outlier once
-  ``n >= (certainty * 1.2533 * s / ln(m / (outlier_factor * p))) ** 2``, never from fewer
-  than :data:`MIN_EVIDENCE` answers; its spread is floored by the client's jitter and
-  lateness, and its typical lateness is taken off its median first.
+* **A median's gap** (:func:`slow_by_evidence`): latencies are about log-normal with the
+  cluster's log-spread (:func:`latency_spread`); the answers a gap needs are
+  :func:`samples_needed`, never fewer than :data:`MIN_EVIDENCE`.
 * **A quantile's interval** (:func:`tail_ranks`, :func:`tail_percentiles`): distribution-free,
   from the order statistics of ``n`` answers, at a false-alarm probability ``alpha``
   (:func:`false_alarm`; :func:`twice_as_sure`: at ``alpha ** 2``).
 * **An error rate's lower bound** (:func:`error_rate_lower_bound`, Wilson's score interval).
+* **Slowness** (:func:`judge_slowness`): the median test and the tail test of
+  :meth:`Baseline.gap`; a verdict needs evidence at alpha squared from the window alone, or
+  at alpha from the window (a *suspicion*) and again from the answers of the window's
+  intervals entered since (a disjoint sample).
 
 docs/design.md ("Judgement proportional to the evidence", "Judging without false alarms")
-gives the figures. Imports the config, the statistics, the jitter floor of
+gives the formulas and figures. Imports the config, the statistics, the jitter floor of
 :mod:`adaptive_lb.stats.latency_factor` and the lateness discount of
 :mod:`adaptive_lb.stats.lateness`.
 """
@@ -25,9 +26,10 @@ import math
 import statistics
 from collections.abc import Hashable, Iterable, Mapping
 
-from attrs import evolve
+from attrs import define, evolve
 
 from adaptive_lb.config import HealthConfig
+from adaptive_lb.health.verdict import Slowness
 from adaptive_lb.stats.host import WindowStats
 from adaptive_lb.stats.latency_factor import MEDIAN_SE, floored_spread
 from adaptive_lb.stats.lateness import discounted
@@ -36,12 +38,15 @@ __all__ = [
     "DEFAULT_SPREAD",
     "MIN_EVIDENCE",
     "MIN_SPREAD",
+    "Baseline",
     "bound_percentiles",
     "error_rate_lower_bound",
     "erroring_by_evidence",
     "false_alarm",
+    "judge_slowness",
     "latency_spread",
     "samples_needed",
+    "seconds_text",
     "slow_by_evidence",
     "tail_percentiles",
     "tail_ranks",
@@ -62,6 +67,7 @@ still needs a few answers, not one."""
 SPREAD_SAMPLES = 10
 """Answers a host needs before its p95 / p50 counts in :func:`latency_spread`."""
 _Z95 = 1.6449  # standard normal quantile of 0.95
+_NS = 1_000_000_000
 
 
 def latency_spread(windows: Iterable[WindowStats]) -> float:
@@ -79,16 +85,15 @@ def latency_spread(windows: Iterable[WindowStats]) -> float:
     return max(MIN_SPREAD, statistics.median(spreads))
 
 
-def samples_needed(
-    ratio: float, outlier_factor: float, spread: float, certainty: float, least: int = MIN_EVIDENCE
-) -> float:
+def samples_needed(ratio: float, outlier_factor: float, spread: float, certainty: float) -> float:
     """Answers needed before a host whose median latency is ``ratio`` x its peers' is an
-    outlier (see the module docstring); ``math.inf`` when ``ratio`` is not above
-    ``outlier_factor``. At least ``least``."""
+    outlier: ``(certainty * 1.2533 * spread / ln(ratio / outlier_factor)) ** 2`` (the
+    median's standard error in log space), at least :data:`MIN_EVIDENCE`; ``math.inf`` when
+    ``ratio`` is not above ``outlier_factor``."""
     if not ratio > outlier_factor:
         return math.inf
     margin = math.log(ratio / outlier_factor)
-    return max(float(least), (certainty * MEDIAN_SE * spread / margin) ** 2)
+    return max(float(MIN_EVIDENCE), (certainty * MEDIAN_SE * spread / margin) ** 2)
 
 
 def twice_as_sure(certainty: float) -> float:
@@ -171,14 +176,12 @@ def slow_by_evidence(
     certainty: float | None = None,
     noise_s: float = 0.0,
 ) -> str | None:
-    """Why the host is a latency outlier by the evidence (its median against
-    ``peer_typical``, its peers' median of medians; see the module docstring), or None
-    while it is not (yet), from :data:`MIN_EVIDENCE` answers at least. ``lateness_s``:
-    the client's own lateness, taken off the host's median and the jitter floor when it
-    is larger. ``certainty``: standard errors of confidence (default ``health.certainty``).
-    ``noise_s``: the client's largest lateness over the window, a floor of the spread too:
-    a saturated client delays a burst of answers, and a host whose few answers fell in it
-    shows a median that is the client's."""
+    """Why the host is a latency outlier by its median against ``peer_typical`` (its peers'
+    median of medians; :func:`samples_needed` at ``certainty``, default
+    ``health.certainty``), or None while it is not (yet). ``lateness_s``: the client's
+    typical lateness, taken off the host's median; it and ``noise_s``, the largest, floor
+    the spread (a saturated client delays a burst of answers, and a host whose few answers
+    fell in it shows a median that is the client's)."""
     typical = window.latency.get(50.0)
     if typical is None or not peer_typical:
         return None
@@ -198,16 +201,22 @@ def slow_by_evidence(
 
 
 def erroring_by_evidence(window: WindowStats, config: HealthConfig) -> str | None:
-    """Why the host is ERRORING by the evidence (the lower bound of its error rate above
-    ``health.error_rate``), or None while it is not (yet)."""
-    if window.requests < MIN_EVIDENCE:
-        return None
-    failures = window.errors + window.timeouts
-    bound = error_rate_lower_bound(failures, window.requests, config.certainty)
-    if bound <= config.error_rate:
+    """Why the host is ERRORING, or None while it is not (yet): over ``min_samples``
+    requests, its error rate above ``health.error_rate``; over fewer (at least
+    :data:`MIN_EVIDENCE`), the lower bound of that rate."""
+    failures, requests = window.errors + window.timeouts, window.requests
+    if requests >= config.min_samples:
+        if window.error_rate <= config.error_rate:
+            return None
+        return (
+            f"error+timeout rate {window.error_rate:.1%} > {config.error_rate:.1%} "
+            f"over {requests} requests"
+        )
+    bound = error_rate_lower_bound(failures, requests, config.certainty)
+    if requests < MIN_EVIDENCE or bound <= config.error_rate:
         return None
     return (
-        f"{failures} of {window.requests} requests failed: error+timeout rate at least "
+        f"{failures} of {requests} requests failed: error+timeout rate at least "
         f"{bound:.1%} > {config.error_rate:.1%}"
     )
 
@@ -246,3 +255,123 @@ def bound_percentiles(samples: int, config: HealthConfig) -> list[float] | None:
         return None
     strong = tail_percentiles(samples, config, twice_as_sure(config.certainty)) or ()
     return [*bounds, *strong]
+
+
+def seconds_text(seconds: float | None) -> str:
+    """``seconds`` as a verdict's reason shows them (``n/a``: unknown)."""
+    return "n/a" if seconds is None else f"{seconds:.4f}s"
+
+
+_s = seconds_text
+
+
+@define(frozen=True, slots=True)
+class Baseline:
+    """What a host's window is judged against at a refresh: its peers' numbers (None where
+    no peer has the answers; :mod:`adaptive_lb.health.peers`) and the client's own lateness
+    (:mod:`adaptive_lb.stats.lateness`)."""
+
+    tail: float | None = None
+    """The peers' median latency at ``health.percentile`` (None: the host cannot be SLOW by
+    its tail: nothing to be an outlier of)."""
+    tail_bound: float | None = None
+    """The peers' median upper confidence bound of that percentile."""
+    typical: float | None = None
+    """The peers' median p50, of hosts with a few answers (the median rule's reference)."""
+    spread: float = DEFAULT_SPREAD
+    """The cluster's log-spread of latency (:func:`~adaptive_lb.health.evidence.latency_spread`)."""
+    lateness_s: float = 0.0
+    """The client's largest lateness over the window: added to the tail's threshold."""
+    typical_lateness_s: float = 0.0
+    """Its median lateness: taken off the host's median by the median rule."""
+    peer_samples: int = 0
+    """About how many answers of each peer ``typical`` rests on."""
+    probe_slow: str | None = None
+    """Why the host's probes say it is still clearly slow (None: they do not, or no probe;
+    :func:`~adaptive_lb.health.peers.still_slow`)."""
+    recent: WindowStats | None = None
+    """The answers of the window's intervals entered since the host was suspected (the
+    second, disjoint sample)."""
+
+    def threshold(self, config: HealthConfig) -> float | None:
+        """The tail's SLOW threshold: ``outlier_factor`` x the peers' tail, above their upper
+        confidence bound, at least ``slow_floor``, plus what the client itself may have
+        added to any answer; None without the peers' tail."""
+        if self.tail is None:
+            return None
+        threshold = max(
+            config.outlier_factor * self.tail, self.tail_bound or 0.0, config.slow_floor
+        )
+        return threshold + self.lateness_s
+
+    def gap(
+        self,
+        sample: WindowStats,
+        config: HealthConfig,
+        certainty: float,
+        tails: bool,
+    ) -> str | None:
+        """Why ``sample`` shows its host slower than its peers at ``certainty`` (None: it
+        does not): its median, or (``tails``) the lower confidence bound of its tail above its
+        threshold."""
+        why = slow_by_evidence(
+            sample,
+            self.typical,
+            self.spread,
+            config,
+            self.typical_lateness_s,
+            certainty,
+            noise_s=self.lateness_s,
+        )
+        if why is not None or not tails:
+            return why
+        bounds = tail_percentiles(sample.samples, config, certainty)
+        if bounds is None:
+            return None
+        threshold, at = self.threshold(config), bounds[0]
+        value = sample.latency.get(at)
+        if value is None or threshold is None or value <= threshold:
+            return None
+        parts = [
+            f"{config.outlier_factor:.1f} x peer median p{config.percentile:g} {_s(self.tail)}"
+        ]
+        if self.tail_bound is not None:
+            parts.append(f"peer bound {_s(self.tail_bound)}")
+        parts.append(f"floor {_s(config.slow_floor)}")
+        made = f"max({', '.join(parts)}) + client lateness {_s(self.lateness_s)}"
+        return f"p{at:.3g} {_s(value)} > {_s(threshold)} = {made}, {sample.samples} samples"
+
+
+def judge_slowness(
+    window: WindowStats,
+    baseline: Baseline,
+    config: HealthConfig,
+    now_ns: int,
+    previous: Slowness | None = None,
+) -> Slowness:
+    """Whether ``window`` shows its host slower than ``baseline`` (see the module
+    docstring). ``previous``: what the last refresh concluded (its suspicion)."""
+    latency = window.latency.get(float(config.percentile))
+    tails = window.samples >= config.min_samples and latency is not None
+    strong_why = baseline.gap(window, config, twice_as_sure(config.certainty), tails)
+    weak_why = strong_why or baseline.gap(window, config, config.certainty, tails)
+    if weak_why is None:
+        return Slowness()
+    threshold = baseline.threshold(config)
+    old = previous or Slowness()
+    since, interval = old.suspect_since_ns, old.suspect_interval
+    if since is None:
+        since, interval = now_ns, window.interval
+    bounds = tail_percentiles(window.samples, config)
+    low = None if bounds is None else window.latency.get(bounds[0])
+    ratio = None
+    if tails and low is not None and threshold and low > threshold:
+        ratio = low / threshold
+    why = strong_why
+    recent = baseline.recent
+    if why is None and recent is not None and recent.interval == window.interval:
+        again = baseline.gap(recent, config, config.certainty, True)
+        if again is not None:
+            held_s = (now_ns - since) / _NS
+            why = f"{weak_why}; again in the {recent.samples} answers of the last {held_s:.1f}s"
+    return Slowness(why, since, interval, ratio)

@@ -1,12 +1,10 @@
 """Health model: keeps each host's verdict and refreshes it from the host's statistics.
 
 Every ``refresh_interval`` :class:`HealthModel` computes each host's window once (the only
-place percentiles are computed, never per request), applies :func:`assess` against what
-:mod:`adaptive_lb.health.baselines` compares it with, and publishes the result on the host's
-:class:`~adaptive_lb.stats.host.HostStats` (penalty, state, latency factor), which the hot
-path reads without a lock; it logs each transition and keeps it for the next trace that
-touches the host. No driver import: hosts are plain keys. The health rules' public names
-(:mod:`adaptive_lb.health.rules`, the verdict, the peers' medians) are importable from here.
+place percentiles are computed), applies :func:`assess` against what
+:func:`~adaptive_lb.health.peers.compare` compares it with, and publishes the result on the
+host's :class:`~adaptive_lb.stats.host.HostStats` (penalty, state, latency factor), which
+the hot path reads without a lock. The rules' public names are importable from here.
 
 May import: its own package and the packages below it (statistics, locality, config, clock).
 """
@@ -22,9 +20,8 @@ from attrs import define
 
 from adaptive_lb.config import HealthConfig
 from adaptive_lb.core.clock import Clock
-from adaptive_lb.health.baselines import Comparison, compare
 from adaptive_lb.health.evidence import bound_percentiles
-from adaptive_lb.health.peers import peer_median, peer_medians
+from adaptive_lb.health.peers import compare, peer_median, peer_medians
 from adaptive_lb.health.probes import SUSPECTED_PENALTY, judge
 from adaptive_lb.health.rules import Baseline, assess
 from adaptive_lb.health.verdict import HostHealth, warming_penalty
@@ -95,8 +92,6 @@ class HealthModel:
         self._next_refresh_ns = 0
         self.rack_distances = RackDistances()
         """Each rack's distance from this client (refreshed with ``racks``)."""
-        self.thin_rack_distances = RackDistances()
-        """The same from hosts with a few answers (``MIN_EVIDENCE``), for the evidence rules."""
         self.refreshes = 0
         """Refreshes done (for tests and diagnostics)."""
         self.probing = False
@@ -128,13 +123,13 @@ class HealthModel:
         """Use new thresholds and penalties (and statistics window length and intervals) from
         the next refresh on; current verdicts stay."""
         self._config = config
-        if (window_s, intervals) != (None, None) and (window_s, intervals) != (
-            self._window_s,
-            self._intervals,
-        ):
-            self._window_s = self._window_s if window_s is None else window_s
-            self._intervals = self._intervals if intervals is None else intervals
-            self.lateness.reconfigure(self._window_s, self._intervals)
+        window = (
+            self._window_s if window_s is None else window_s,
+            self._intervals if intervals is None else intervals,
+        )
+        if window != (self._window_s, self._intervals):
+            self._window_s, self._intervals = window
+            self.lateness.reconfigure(*window)
 
     def health(self, key: Hashable) -> HostHealth | None:
         """The last verdict for ``key``."""
@@ -147,13 +142,9 @@ class HealthModel:
 
     @property
     def windows(self) -> Mapping[Hashable, WindowStats]:
-        """Every host's window as of the last refresh (read only)."""
+        """Every host's window as of the last refresh (read only: snapshots and exporters
+        do not compute percentiles again)."""
         return self._windows
-
-    def window_stats(self, key: Hashable) -> WindowStats | None:
-        """The window statistics computed for ``key`` at the last refresh (so that
-        snapshots and exporters do not compute percentiles again)."""
-        return self._windows.get(key)
 
     def mark_up(self, key: Hashable, stats: HostStats) -> HealthTransition:
         """``key`` came back up: it starts WARMING now, whatever its state (HEALTHY at once
@@ -268,7 +259,8 @@ class HealthModel:
             for key, host in stats.items()
         }
         now = self._clock.now_ns()
-        refresh = compare(
+        probing = self.probing and config.probe_interval > 0
+        baselines = compare(
             config,
             stats,
             windows,
@@ -277,9 +269,9 @@ class HealthModel:
             now,
             verdicts=self._health,
             lateness=self.lateness,
-            distances=(self.rack_distances, self.thin_rack_distances),
+            distances=self.rack_distances,
             window_s=self._window_s,
-            probing=self.probing and config.probe_interval > 0,
+            probing=probing,
         )
         transitions = []
         stalled: dict[Hashable, float] = {}
@@ -292,7 +284,9 @@ class HealthModel:
                 host = stats[key]
                 stalled[key], unanswered[key] = self._silence_s(key, host, window.in_flight, now)
                 suspected = self.paced and unanswered[key] > 0
-                transition = self._judge(key, host, window, refresh, stalled[key], now, suspected)
+                transition = self._judge(
+                    key, host, window, baselines[key], stalled[key], now, suspected, probing
+                )
                 if transition is not None:
                     transitions.append(transition)
                     self._unreported[key] = transition
@@ -331,19 +325,19 @@ class HealthModel:
         key: Hashable,
         host: HostStats,
         window: WindowStats,
-        refresh: Comparison,
+        baseline: Baseline,
         stalled_s: float,
         now: int,
-        suspected: bool = False,
+        suspected: bool,
+        probing: bool,
     ) -> HealthTransition | None:
         """Assess one host, publish its verdict and latency factor on its statistics; its
-        transition, if any. Under the state lock."""
+        transition, if any. ``suspected``: unanswered while probes wait for slots;
+        ``probing``: active probes are sent. Under the state lock."""
         config = self._config
         old = self._health.get(key) or HostHealth.initial(now, config)
         failures = host.errors_total + host.timeouts_total
         answers = host.requests_total - failures
-        baseline = refresh.baselines[key]
-        probe_slow = refresh.probe_slow.get(key)
         new = assess(
             old,
             window,
@@ -354,10 +348,8 @@ class HealthModel:
             stalled_s=stalled_s,
             answers=answers,
             failures=failures,
-            probe_slow=probe_slow,
-            recent=refresh.recent.get(key),
         )
-        if refresh.probing:
+        if probing:
             new = judge(
                 old,
                 new,
@@ -381,11 +373,11 @@ class HealthModel:
                 window.latency.get(50.0),
                 baseline.typical,
                 window.samples,
-                refresh.peer_samples[key],
+                baseline.peer_samples,
                 baseline.spread,
                 config.latency_factor,
-                probe_slow is not None,
-                new.suspect_ratio,
+                baseline.probe_slow is not None,
+                new.slowness.suspect_ratio,
                 baseline.typical_lateness_s,
             )
         host.latency_factor = latency.factor

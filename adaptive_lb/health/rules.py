@@ -1,19 +1,13 @@
 """Health rules: the next verdict on a host, as a pure function (:func:`assess`).
 
-At each refresh :class:`adaptive_lb.health.model.HealthModel` gives :func:`assess` the host's
-previous verdict, its statistics window and a :class:`Baseline` (its peers' numbers, the
-client's lateness); :func:`assess` reads the window's signals once (stalled, erroring,
-slow: :mod:`adaptive_lb.health.slowness`) and moves the host between HEALTHY, WARMING,
-SLOW and ERRORING (:class:`~adaptive_lb.stats.health_state.HealthState`). Quick to protect:
-getting worse takes effect at the first refresh that shows it (a stall or errors win over
-slowness). Quick to forgive once the host shows it is back, never on no evidence: after its
-hold, on fresh answers, a probe or a window back to normal, always through WARMING
+:func:`assess` reads a host's window once (stalled, erroring, slow:
+:func:`~adaptive_lb.health.evidence.judge_slowness`) and moves it between HEALTHY, WARMING,
+SLOW and ERRORING: worse at the first refresh that shows it (a stall or errors win over
+slowness), back only on evidence and always through WARMING
 (:mod:`adaptive_lb.health.verdict`). docs/design.md ("Health") tells the rules with their
 figures.
 
-May import: the config model, the verdict and its way back, the evidence rules
-(:mod:`adaptive_lb.health.evidence`, :mod:`adaptive_lb.health.slowness`), the health states
-and the statistics window's type; pure logic only.
+Imports the config, the verdict, the evidence rules and the statistics' types.
 """
 
 from __future__ import annotations
@@ -21,9 +15,8 @@ from __future__ import annotations
 from attrs import define, field
 
 from adaptive_lb.config import HealthConfig
-from adaptive_lb.health.evidence import erroring_by_evidence
-from adaptive_lb.health.slowness import Baseline, Slowness, judge_slowness
-from adaptive_lb.health.slowness import seconds_text as _s
+from adaptive_lb.health.evidence import Baseline, Slowness, erroring_by_evidence, judge_slowness
+from adaptive_lb.health.evidence import seconds_text as _s
 from adaptive_lb.health.verdict import (
     CLEAN_STREAK,
     Evidence,
@@ -31,7 +24,6 @@ from adaptive_lb.health.verdict import (
     Probe,
     hold_s,
     probe_requests,
-    probe_wait_s,
     warm_up_s,
     warming_penalty,
 )
@@ -58,12 +50,8 @@ class _Step:
     stalled_s: float
     answers: int
     failures: int
-    recent: WindowStats | None = field(repr=False)
-    """The answers of the window's intervals entered since the host was suspected."""
     latency: float | None = field(init=False)
     """Its latency at ``health.percentile``."""
-    enough_requests: bool = field(init=False)
-    """``min_samples`` requests with an outcome: the error rate counts as it is."""
     stalled: bool = field(init=False)
     errors_why: str | None = field(init=False)
     """Why it is erroring (None: it is not)."""
@@ -75,17 +63,10 @@ class _Step:
     def __attrs_post_init__(self) -> None:
         previous, window, config = self.previous, self.window, self.config
         self.latency = window.latency.get(float(config.percentile))
-        self.enough_requests = enough = window.requests >= config.min_samples
-        self.errors_why = None if enough else erroring_by_evidence(window, config)
-        if self.errors_why is None and enough and window.error_rate > config.error_rate:
-            self.errors_why = (
-                f"error+timeout rate {window.error_rate:.1%} > {config.error_rate:.1%} "
-                f"over {window.requests} requests"
-            )
+        self.errors_why = erroring_by_evidence(window, config)
         self.stalled = 0 < config.stall_timeout <= self.stalled_s
-        suspected = (previous.suspect_since_ns, previous.suspect_interval)
         self.slowness = judge_slowness(
-            window, self.baseline, config, self.now_ns, suspected, self.recent
+            window, self.baseline, config, self.now_ns, previous.slowness
         )
         self.evidence, self.streak = previous.evidence.observe(self.answers, self.failures)
 
@@ -144,9 +125,7 @@ class _Step:
             evidence=self.evidence if evidence is None else evidence,
             probe=probe,
             warm_up_s=warm_up,
-            suspect_since_ns=slowness.suspect_since_ns,
-            suspect_interval=slowness.suspect_interval,
-            suspect_ratio=slowness.suspect_ratio,
+            slowness=slowness,
         )
 
     def hold(self, penalty: float, probe: Probe | None = None) -> HostHealth:
@@ -188,11 +167,19 @@ class _Step:
         """Back from errors: WARMING, unless its window shows it slow (then SLOW)."""
         return self.slow() if self.slow_why is not None else self.warming(reason)
 
+    def probe_wait_s(self, evidence: Evidence) -> float:
+        """How long this ERRORING host waits before its next probe (:func:`hold_s`)."""
+        config = self.config
+        return hold_s(
+            config.min_state_duration, evidence.relapses, self.window_s, evidence.failed_probes
+        )
+
     def recovered_errors(self) -> bool:
         """Its window shows an error rate back below ``recovery_factor`` x ``error_rate``."""
         config, window = self.config, self.window
         return (
-            self.enough_requests and window.error_rate < config.recovery_factor * config.error_rate
+            window.requests >= config.min_samples
+            and window.error_rate < config.recovery_factor * config.error_rate
         )
 
 
@@ -207,30 +194,20 @@ def assess(
     stalled_s: float = 0.0,
     answers: int = 0,
     failures: int = 0,
-    probe_slow: str | None = None,
-    recent: WindowStats | None = None,
 ) -> HostHealth:
-    """The next verdict for a host; a pure function (see the module docstring).
-
-    ``window`` must hold the latency at ``config.percentile`` and at the percentiles of
-    :func:`~adaptive_lb.health.evidence.bound_percentiles` of its sample count. ``window_s``:
-    the statistics window's length (a SLOW host without ``min_samples`` of fresh evidence
-    for that long starts WARMING). ``stalled_s``: how long the host has had requests in
-    flight without answering any. ``answers`` and ``failures``: its monotonic totals of
-    successes and of errors + timeouts (the fresh evidence of a way back). ``probe_slow``:
-    why its probes say it is still clearly slow (:mod:`adaptive_lb.health.probe_latency`):
-    then a SLOW host is not let back on its window's lapse. ``recent``: the answers of the
-    window's intervals entered since the host was suspected."""
-    step = _Step(
-        previous, window, baseline, config, now_ns, window_s, stalled_s, answers, failures, recent
-    )
+    """The next verdict for a host (see the module docstring). ``window`` holds the latency
+    at ``config.percentile`` and at :func:`~adaptive_lb.health.evidence.bound_percentiles`.
+    ``window_s``: the statistics window's length; ``stalled_s``: how long the host has had
+    requests in flight and answered none; ``answers``, ``failures``: its monotonic totals
+    of successes and of errors + timeouts."""
+    step = _Step(previous, window, baseline, config, now_ns, window_s, stalled_s, answers, failures)
     verdict = _worse(step)
     if verdict is not None:
         return verdict
     if step.state is HealthState.ERRORING:
         return _erroring(step)
     if step.state is HealthState.SLOW:
-        return _slow(step, probe_slow)
+        return _slow(step)
     if step.state is HealthState.WARMING:
         return _warming(step)
     pct = f"p{config.percentile:g}"
@@ -286,11 +263,8 @@ def _probe_outcome(step: _Step) -> HostHealth | None:
     # By its window (errors only: a stalled host's window holds the stall's timeouts).
     recovered = cause != "stall" and step.recovered_errors()
     if (step.stalled or step.failures > probe.failures_at_start) and not recovered:
-        config = step.config
         failed = step.evidence.probe_failed(step.answers, step.now_ns)
-        wait = probe_wait_s(
-            config.min_state_duration, failed.relapses, failed.failed_probes, step.window_s
-        )
+        wait = step.probe_wait_s(failed)
         what = "no answer" if step.stalled else "a failure"
         return step.verdict(
             state,
@@ -309,15 +283,12 @@ def _probe_outcome(step: _Step) -> HostHealth | None:
 
 def _fresh_answers(step: _Step) -> HostHealth | None:
     """Once its wait is over: back on fresh answers, or a probe starts; None: neither."""
-    config, evidence, cause = step.config, step.evidence, step.cause
+    evidence, cause = step.evidence, step.cause
     probe = step.previous.probe
     waited_s = step.in_state_s
     if evidence.probe_failed_ns is not None:
         waited_s = min(waited_s, (step.now_ns - evidence.probe_failed_ns) / _NS)
-    wait_s = probe_wait_s(
-        config.min_state_duration, evidence.relapses, evidence.failed_probes, step.window_s
-    )
-    if step.stalled or waited_s < wait_s:
+    if step.stalled or waited_s < step.probe_wait_s(evidence):
         return step.hold(step.erroring_penalty, probe)
     if cause == "stall":
         # Its window holds the stall's timeouts: judge it by what it does now -- once
@@ -350,7 +321,7 @@ def _fresh_answers(step: _Step) -> HostHealth | None:
     return None
 
 
-def _slow(step: _Step, probe_slow: str | None) -> HostHealth:
+def _slow(step: _Step) -> HostHealth:
     """A SLOW host: held, then back when its window is clearly back to normal, or after a
     window without the answers to tell (unless its probes say it is still slow)."""
     config, previous = step.config, step.previous
@@ -358,7 +329,7 @@ def _slow(step: _Step, probe_slow: str | None) -> HostHealth:
     in_state_s = step.in_state_s
     if in_state_s < hold_s(config.min_state_duration, step.evidence.relapses, step.window_s):
         return step.hold(penalty)
-    latency, threshold = step.latency, step.slowness.threshold
+    latency, threshold = step.latency, step.baseline.threshold(config)
     pct = f"p{config.percentile:g}"
     if step.enough_samples and latency is not None:
         if threshold is None:
@@ -369,8 +340,8 @@ def _slow(step: _Step, probe_slow: str | None) -> HostHealth:
                 f"{_s(threshold)} (peer median {_s(step.baseline.tail)}), "
                 f"{step.window.samples} samples"
             )
-    elif in_state_s >= step.window_s and probe_slow is not None:
-        return step.verdict(previous.state, penalty, probe_slow, previous.since_ns, previous.cause)
+    elif in_state_s >= step.window_s and (still := step.baseline.probe_slow) is not None:
+        return step.verdict(previous.state, penalty, still, previous.since_ns, previous.cause)
     elif in_state_s >= step.window_s:
         return step.warming(
             f"probing: only {step.window.samples} samples in the {step.window_s:g}s "

@@ -1,14 +1,9 @@
 """A host's health verdict and its way back (pure logic: no state, no clock, no driver).
 
-:class:`HostHealth` is what the rules of :mod:`adaptive_lb.health.rules` produce from the
-previous one, what :class:`adaptive_lb.health.model.HealthModel` keeps per host and what
-snapshots, traces and logs show. A SLOW or ERRORING host's window still holds the bad
-period long after it ended, so its way back also reads what it did *since its verdict*
-(:class:`Evidence`, from its monotonic answer and failure counts): a clean streak of
-answers, a :func:`hold_s` (``min_state_duration``, doubled per relapse, at most a window),
-a :class:`Probe` of an ERRORING host (its next :func:`probe_requests` requests placed as
-if healthy; a failed one makes the next wait :func:`probe_wait_s`), a *relapse* (bad again
-within :data:`RELAPSE_WINDOWS` windows of a return it answered in) and the warm-up of
+:class:`HostHealth` is what :mod:`adaptive_lb.health.rules` produces from the previous one
+and what snapshots, traces and logs show. A SLOW or ERRORING host's window still holds the
+bad period, so its way back reads what it did *since its verdict* (:class:`Evidence`): a
+clean streak, a :func:`hold_s`, a :class:`Probe`, relapses and the warm-up of
 :func:`warming_penalty`. docs/design.md ("Health": quick to protect, quick to forgive)
 gives the figures.
 
@@ -29,9 +24,9 @@ __all__ = [
     "Evidence",
     "HostHealth",
     "Probe",
+    "Slowness",
     "hold_s",
     "probe_requests",
-    "probe_wait_s",
     "warm_up_s",
     "warming_penalty",
 ]
@@ -51,26 +46,20 @@ stalled host's client a timeout, but the wait is also how late it may come back 
 seed 1: back to half its share 0.7-2.7 s after the pause; 0.7-1.7 s without backoff)."""
 
 
-def hold_s(min_state_duration: float, relapses: int, window_s: float) -> float:
+def hold_s(
+    min_state_duration: float, relapses: int, window_s: float, failed_probes: int = 0
+) -> float:
     """How long a SLOW / ERRORING host stays so at least before any way back:
     ``min_state_duration`` x 2^``relapses``, at most ``window_s`` (never less than
-    ``min_state_duration``)."""
-    if relapses <= 0 or min_state_duration <= 0:
-        return min_state_duration
-    doubled = min_state_duration * 2.0 ** min(relapses, MAX_RELAPSES)
-    return min(doubled, max(min_state_duration, window_s))
-
-
-def probe_wait_s(
-    min_state_duration: float, relapses: int, failed_probes: int, window_s: float
-) -> float:
-    """How long an ERRORING host waits before the next probe: its :func:`hold_s`, times
-    :data:`PROBE_BACKOFF` once a probe has failed (at most the statistics window, never less
-    than the hold)."""
-    hold = hold_s(min_state_duration, relapses, window_s)
-    if failed_probes <= 0:
-        return hold
-    return max(hold, min(hold * PROBE_BACKOFF, window_s))
+    ``min_state_duration``); once a probe has failed, how long the next probe waits: that
+    times :data:`PROBE_BACKOFF`, at most ``window_s`` (never less than the hold)."""
+    hold = min_state_duration
+    if relapses > 0 and min_state_duration > 0:
+        doubled = min_state_duration * 2.0 ** min(relapses, MAX_RELAPSES)
+        hold = min(doubled, max(min_state_duration, window_s))
+    if failed_probes > 0:
+        hold = max(hold, min(hold * PROBE_BACKOFF, window_s))
+    return hold
 
 
 def probe_requests(cause: str) -> int:
@@ -174,6 +163,23 @@ class Evidence:
 
 
 @define(frozen=True, slots=True)
+class Slowness:
+    """What a refresh concludes about a host's latency against its peers
+    (:func:`~adaptive_lb.health.evidence.judge_slowness`)."""
+
+    why: str | None = None
+    """Why it is SLOW, at alpha squared (None: it is not)."""
+    suspect_since_ns: int | None = None
+    """Since when it has been suspected at every refresh (None: it is not)."""
+    suspect_interval: int | None = None
+    """The window's interval when the suspicion began: later intervals are the second
+    sample."""
+    suspect_ratio: float | None = None
+    """Its tail's lower bound over the threshold while suspected (None: not above it): the
+    latency factor's floor, the ramp before the verdict."""
+
+
+@define(frozen=True, slots=True)
 class HostHealth:
     """A host's health verdict and the numbers behind it."""
 
@@ -204,15 +210,8 @@ class HostHealth:
     warm_up_s: float | None = None
     """How long this WARMING host's warm-up lasts (None: ``slow_start``; :func:`warm_up_s`
     after a stall)."""
-    suspect_since_ns: int | None = None
-    """Since when it has been suspected slow at every refresh (None: it is not;
-    :mod:`adaptive_lb.health.slowness`)."""
-    suspect_interval: int | None = None
-    """The window's interval when the suspicion began: the answers of later intervals are
-    the second, disjoint sample."""
-    suspect_ratio: float | None = None
-    """Its tail's lower bound over the SLOW threshold while suspected (None: not above it):
-    the latency factor's floor meanwhile."""
+    slowness: Slowness = field(factory=Slowness)
+    """What the last refresh concluded about its latency, its suspicion too."""
 
     @classmethod
     def initial(cls, now_ns: int, config: HealthConfig) -> HostHealth:

@@ -283,7 +283,7 @@ class HealthRefresh:
         min_samples = self.health.config.min_samples
         latencies: dict[Any, list[float]] = {}
         for view in views:
-            window = self.health.window_stats(view.host)
+            window = self.health.windows.get(view.host)
             if window is None or window.samples < min_samples:
                 continue
             latency = window.latency.get(50.0)

@@ -1,23 +1,21 @@
 """The latency factor: between health verdicts, the latency each host shows weighs in its
 score in proportion to the evidence (pure logic, no driver import).
 
-Finagle's peak-EWMA cost, built to be *exactly 1 for a host that is not surely slower than
-its peers*: at each health refresh the log-gap ``g = ln(m / p)`` of the host's median over
-its peers' gets a confidence interval (:func:`gap_bounds`, the client's own jitter as a floor
-under the spread below the gap, :func:`floored_spread`); an envelope ``e`` is raised at once
-by ``low``, lowered at once by ``high`` and otherwise decays, halving every ``half_life``
-(:func:`next_excess`); the factor is ``min(cap, max(1, exp(e) / dead_band))``
-(:func:`factor_of`). docs/design.md ("The latency factor") gives the formulas, why equal
-hosts keep an even share, and the figures.
+A peak-EWMA cost that is *exactly 1 for a host not surely slower than its peers*: the
+log-gap of the host's median over its peers' gets a confidence interval
+(:func:`gap_bounds`), an envelope follows it and decays (:func:`next_excess`), and the
+factor is :func:`factor_of` the envelope. docs/design.md ("The latency factor") gives the
+formulas and the figures. :mod:`adaptive_lb.health.model` updates a :class:`LatencyRecord`
+per host at each refresh.
 
-Imports the config and the lateness discount (:mod:`adaptive_lb.stats.lateness`);
-:mod:`adaptive_lb.health.model` calls :meth:`LatencyRecord.update` at
-each refresh and publishes the factor on the host's statistics, which the score reads.
+Imports the config and the lateness discount (:mod:`adaptive_lb.stats.lateness`).
 """
 
 from __future__ import annotations
 
 import math
+
+from attrs import define
 
 from adaptive_lb.config import LatencyFactorConfig
 from adaptive_lb.stats.lateness import discounted
@@ -48,14 +46,11 @@ def gap_bounds(
     certainty: float,
     jitter_s: float = 0.0,
 ) -> tuple[float, float, float]:
-    """``(g, low, high)``: the log-gap ``ln(median / peer)`` of a host whose median over
-    ``samples`` answers is ``median_s`` against its peers' ``peer_s`` (from about
-    ``peer_samples`` answers a host), and its confidence interval at ``certainty``
-    standard errors of the difference of the two medians,
-    ``1.2533 * sqrt(s_h ** 2 / samples + s_p ** 2 / peer_samples)``. Below the gap each
-    side's spread is floored by ``jitter_s`` (:func:`floored_spread`; client-side noise
-    only ever delays an answer, so it can make a host look slower, never faster); above
-    it, ``s_h = s_p = spread``."""
+    """``(g, low, high)``: the log-gap ``ln(median_s / peer_s)`` (medians of ``samples`` and
+    of about ``peer_samples`` answers a peer) and its confidence interval at ``certainty``
+    standard errors, ``1.2533 * sqrt(s_h ** 2 / samples + s_p ** 2 / peer_samples)``; below
+    the gap each spread is floored by ``jitter_s`` (:func:`floored_spread`: client-side
+    noise only ever delays an answer), above it both are ``spread``."""
     gap = math.log(median_s / peer_s)
     both = 1.0 / samples + 1.0 / peer_samples
     own = floored_spread(spread, jitter_s, median_s)
@@ -100,26 +95,22 @@ def factor_of(excess: float, config: LatencyFactorConfig) -> float:
     return min(config.cap, max(1.0, math.exp(excess) / config.dead_band))
 
 
+@define(eq=False)
 class LatencyRecord:
     """One host's latency envelope and what it was made from at the last refresh. Written
     by the health refresh (and reset under the health model's lock); read without a lock by
     the snapshot."""
 
-    __slots__ = ("excess", "factor", "high", "low", "ratio", "updated_ns")
-
-    def __init__(self) -> None:
-        self.excess = 0.0
-        """The envelope ``e``: the log of the ratio the host is held slower by (>= 0)."""
-        self.factor = 1.0
-        """The score factor published at the last refresh."""
-        self.ratio: float | None = None
-        """The host's median over its peers' at the last refresh (None: no evidence)."""
-        self.low: float | None = None
-        """The lower confidence bound of that ratio (None: no evidence)."""
-        self.high: float | None = None
-        """Its upper confidence bound (None: no evidence)."""
-        self.updated_ns: int | None = None
-        """When the envelope was last updated (clock ns)."""
+    excess: float = 0.0
+    """The envelope ``e``: the log of the ratio the host is held slower by (>= 0)."""
+    factor: float = 1.0
+    """The score factor published at the last refresh."""
+    ratio: float | None = None
+    """The host's median over its peers' at the last refresh (None: no evidence)."""
+    low: float | None = None
+    """The lower confidence bound of that ratio (None: no evidence)."""
+    updated_ns: int | None = None
+    """When the envelope was last updated (clock ns)."""
 
     def update(
         self,
@@ -134,13 +125,11 @@ class LatencyRecord:
         suspect_ratio: float | None = None,
         lateness_s: float = 0.0,
     ) -> float:
-        """Fold the host's window at ``now_ns`` (its median ``median_s`` over ``samples``
-        answers, against its peers' ``peer_s`` from about ``peer_samples`` answers a host)
-        into the envelope; the new factor. ``held``: its probes say it is still clearly
-        slow: no decay meanwhile. ``suspect_ratio``: its tail's lower bound over the SLOW
-        threshold while suspected: the factor is at least that, the ramp before the verdict.
-        ``lateness_s``: the client's own lateness, taken off the host's median, and the
-        jitter floor when it is larger."""
+        """Fold the host's window at ``now_ns`` into the envelope (:func:`gap_bounds` of its
+        arguments); the new factor. ``held``: its probes say it is still clearly slow: no
+        decay meanwhile. ``suspect_ratio``: while it is suspected, the factor's floor (the
+        ramp before the verdict). ``lateness_s``: the client's own lateness, taken off the
+        host's median, and the jitter floor when larger."""
         bounds: tuple[float, float] | None = None
         if median_s and peer_s and median_s > 0 and peer_s > 0 and samples > 0 < peer_samples:
             jitter = max(config.jitter, lateness_s)
@@ -149,9 +138,9 @@ class LatencyRecord:
                 median_s, peer_s, samples, peer_samples, spread, config.certainty, jitter
             )
             bounds = (low, high)
-            self.ratio, self.low, self.high = math.exp(gap), math.exp(low), math.exp(high)
+            self.ratio, self.low = math.exp(gap), math.exp(low)
         else:
-            self.ratio = self.low = self.high = None
+            self.ratio = self.low = None
         previous = self.updated_ns
         elapsed_s = 0.0 if previous is None or held else (now_ns - previous) / _NS
         self.excess = next_excess(self.excess, elapsed_s, config.half_life, bounds)

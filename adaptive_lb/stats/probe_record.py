@@ -28,7 +28,7 @@ OUTCOMES = (ANSWERED, FAILED, TIMEOUT, UNSENT)
 """How a probe ends, as counted and exported."""
 RTT_SAMPLES = 8
 """Round trips of answered probes kept per host (the last ones): what
-:mod:`adaptive_lb.health.probe_latency` compares with the host's peers'."""
+:mod:`adaptive_lb.health.peers` compares with the host's peers'."""
 
 
 class ProbeRecord:

@@ -184,7 +184,7 @@ class HostSnapshot:
         probes = stats.probes
         load = stats.load
         latency_record = stats.latency
-        window = health.window_stats(host)
+        window = health.windows.get(host)
         verdict = health.health(host)
         latency = window.latency if window is not None else {}
         return cls(

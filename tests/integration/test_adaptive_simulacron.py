@@ -141,7 +141,7 @@ def test_slow_node_gets_almost_nothing(simulacron, driver_factory, nodes, concur
         f"p99 {adaptive.percentile(99) * 1000:.1f} ms ({adaptive.requests} req)"
     )
     for view in sorted(policy.topology.local, key=lambda v: v.host.address):
-        window = policy.health.window_stats(view.host)
+        window = policy.health.windows.get(view.host)
         print(view.host.address, view.stats.health_state, window.latency, window.samples)
     assert stock.share(slow) > 0.2
     assert adaptive.share(slow) <= 0.05

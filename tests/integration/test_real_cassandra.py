@@ -643,7 +643,7 @@ def test_an_unset_local_rack_is_learned_or_left_unknown_never_flipped(connect: C
             time.sleep(1.0)
             medians: dict[str, list[float]] = {}
             for view in views:
-                window = policy.health.window_stats(view.host)
+                window = policy.health.windows.get(view.host)
                 if window is not None and window.latency.get(50.0) is not None:
                     medians.setdefault(view.rack, []).append(window.latency[50.0])
             by_rack = {rack: round(min(v) * 1000, 3) for rack, v in sorted(medians.items())}

@@ -157,7 +157,7 @@ def test_health_refresh_racing_a_removal_keeps_no_verdict(churn_policy):
     policy._refresh.inputs = lambda: inputs
     policy.refresh_health()
     assert policy.health.health(host) is None
-    assert policy.health.window_stats(host) is None
+    assert policy.health.windows.get(host) is None
 
 
 def test_removed_hosts_are_forgotten_without_any_health_refresh(churn_policy):

@@ -219,6 +219,6 @@ def test_a_client_stall_on_a_few_answers_is_no_tail(slow, peers, judged):
     model.refresh(stats, dict.fromkeys(stats, "dc1"))
     health = model.health("h0")
     assert health is not None
-    assert model.window_stats("h0").latency[99.0] == pytest.approx(0.150, rel=0.01)
+    assert model.windows["h0"].latency[99.0] == pytest.approx(0.150, rel=0.01)
     assert health.state is HealthState.HEALTHY, health.reason
-    assert (health.suspect_since_ns is not None) is judged
+    assert (health.slowness.suspect_since_ns is not None) is judged

@@ -182,11 +182,11 @@ def test_the_tail_rule_needs_min_samples_a_clear_gap_needs_a_few():
         cluster.refresh()
     for name in ("tail, 49", "tail of 4, 50", "median, 2"):
         assert clusters[name].state("h0") is HEALTHY, name
-        assert clusters[name].model.health("h0").suspect_since_ns is None, name
+        assert clusters[name].model.health("h0").slowness.suspect_since_ns is None, name
     # A tail is a suspicion at first: the latency factor rises, the verdict waits.
     tail = clusters["tail, 50"]
     assert tail.state("h0") is HEALTHY
-    assert tail.model.health("h0").suspect_since_ns == 0
+    assert tail.model.health("h0").slowness.suspect_since_ns == 0
     assert tail.stats["h0"].latency_factor == 4.0  # 500 ms against a 10 ms threshold: capped
     assert clusters["median, 3"].state("h0") is SLOW
     assert "x peer median 0.0050s, 3 samples" in clusters["median, 3"].model.health("h0").reason
@@ -218,7 +218,7 @@ def test_a_tail_only_verdict_needs_the_gap_in_two_disjoint_samples():
     assert states[:3] == [HEALTHY] * 3, states
     assert states[3:] == [SLOW] * 3, states
     transition = next(t for t in c.transitions if t.key == "h0")
-    assert transition.new.since_ns == 3 * S and transition.old.suspect_since_ns == 1 * S
+    assert transition.new.since_ns == 3 * S and transition.old.slowness.suspect_since_ns == 1 * S
     reason = transition.new.reason
     assert re.match(r"p97\.2 0\.06\d*s > 0\.0100s = max\(2\.0 x peer median p99", reason), reason
     assert reason.endswith("400 samples; again in the 200 answers of the last 2.0s"), reason
@@ -233,7 +233,7 @@ def test_a_burst_that_leaves_the_window_is_never_a_verdict():
         c.refresh()
         seen.add(c.state("h0"))
         if second == 10:
-            assert c.model.health("h0").suspect_since_ns is None  # the burst left
+            assert c.model.health("h0").slowness.suspect_since_ns is None  # the burst left
         c.clock.advance_s(1.0)
         c.feed_all(5.0, 100)
     assert seen == {HEALTHY}
@@ -247,7 +247,7 @@ def test_the_clients_own_lateness_raises_the_threshold():
     c.model.lateness.observe(c.clock.now_ns(), 0.080)
     c.refresh()
     health = c.model.health("h0")
-    assert health.suspect_since_ns is None and c.stats["h0"].latency_factor == 1.0
+    assert health.slowness.suspect_since_ns is None and c.stats["h0"].latency_factor == 1.0
 
 
 def test_slow_floor_protects_fast_hosts():
@@ -325,7 +325,7 @@ def test_fast_failing_host_turns_erroring_and_never_looks_fast():
     assert [t.new.state for t in transitions] == [ERRORING]
     assert c.state("h0") is ERRORING and c.penalty("h0") == 64.0
     assert "error+timeout rate 66.7% > 25.0% over 300 requests" in transitions[0].new.reason
-    window_stats = c.model.window_stats("h0")
+    window_stats = c.model.windows.get("h0")
     assert window_stats is not None
     assert window_stats.latency[50.0] == pytest.approx(0.005, rel=0.01)  # only real answers
 
@@ -750,7 +750,7 @@ def test_assess_uses_the_configured_percentile():
     assert "peer median p95 0.0050s" in tail.reason, tail.reason
     other = window(latency=0.1, percentile=99.0)
     first = assess(settled(HEALTHY, 1.0), other, Baseline(0.005), config, S)
-    assert first.state is HEALTHY and first.suspect_since_ns is None
+    assert first.state is HEALTHY and first.slowness.suspect_since_ns is None
 
 
 @settings(max_examples=200, deadline=None)
@@ -952,24 +952,24 @@ def test_forget_and_mark_up_during_a_refresh_are_not_undone():
     finally:
         blocking.release.set()
         thread.join()
-    assert c.model.health("h1") is None and c.model.window_stats("h1") is None
+    assert c.model.health("h1") is None and c.model.windows.get("h1") is None
     assert c.state("h3") is WARMING and c.model.health("h3").state is WARMING
     assert c.state("h2") is SLOW
 
 
 def test_window_stats_are_kept_from_the_last_refresh():
     c = Cluster()
-    assert c.model.window_stats("h0") is None
+    assert c.model.windows.get("h0") is None
     c.feed_all(5.0, 100)
     c.refresh()
-    kept = c.model.window_stats("h0")
+    kept = c.model.windows.get("h0")
     assert kept is not None and kept.samples == 100
     # ...and the percentiles the p99's confidence bounds are read at (of 100 answers: the
     # 6th slowest and the slowest; at twice the certainty, a verdict from one sample: the
     # 9th slowest and the slowest).
     assert set(kept.latency) == {10.0, 50.0, 92.0, 95.0, 99.0, 100.0}
     c.feed("h0", 5.0, 10)
-    assert c.model.window_stats("h0") is kept  # no recomputation until the next refresh
+    assert c.model.windows.get("h0") is kept  # no recomputation until the next refresh
 
 
 def test_forget_drops_the_host():
@@ -977,7 +977,7 @@ def test_forget_drops_the_host():
     c.feed_all(5.0, 100, h0=50.0)
     c.refresh()
     c.model.forget("h0")
-    assert c.model.health("h0") is None and c.model.window_stats("h0") is None
+    assert c.model.health("h0") is None and c.model.windows.get("h0") is None
     assert c.model.pop_unreported("h0") is None
 
 

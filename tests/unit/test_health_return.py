@@ -18,7 +18,6 @@ from adaptive_lb.health.verdict import (
     Probe,
     hold_s,
     probe_requests,
-    probe_wait_s,
     warm_up_s,
 )
 from adaptive_lb.stats.host import HostStats, WindowStats
@@ -111,7 +110,7 @@ def test_a_stalled_host_that_answers_again_is_warming_at_the_next_refresh():
     assert c.state() is WARMING
     assert c.health().reason.startswith("answering again after a stall: 3 answers")
     # Judged from now on by what it does now: its window restarted without the 7 s answers.
-    window = c.model.window_stats("h0")
+    window = c.model.windows.get("h0")
     assert window is not None and window.latency[99.0] == pytest.approx(7.0, rel=0.01)
     assert c.stats["h0"].window_stats().samples == 0
     c.feed("h0", 5.0, 60)
@@ -256,11 +255,11 @@ def test_an_erroring_host_is_probed_and_the_first_error_ends_the_probe():
 
 
 def test_probe_wait_doubles_once_and_stays_within_the_window():
-    assert probe_wait_s(1.0, 0, 0, 10.0) == 1.0
-    assert [probe_wait_s(1.0, 0, n, 10.0) for n in (1, 2, 5)] == [2.0, 2.0, 2.0]
-    assert probe_wait_s(1.0, 3, 1, 10.0) == 10.0  # a relapsing host's hold, then the window
-    assert probe_wait_s(8.0, 0, 1, 10.0) == 10.0
-    assert probe_wait_s(20.0, 0, 1, 10.0) == 20.0  # never less than the hold
+    assert hold_s(1.0, 0, 10.0, 0) == 1.0
+    assert [hold_s(1.0, 0, 10.0, n) for n in (1, 2, 5)] == [2.0, 2.0, 2.0]
+    assert hold_s(1.0, 3, 10.0, 1) == 10.0  # a relapsing host's hold, then the window
+    assert hold_s(8.0, 0, 10.0, 1) == 10.0
+    assert hold_s(20.0, 0, 10.0, 1) == 20.0  # never less than the hold
     assert probe_requests("stall") == 1 and probe_requests("errors") == CLEAN_STREAK
 
 

@@ -12,9 +12,9 @@ import pytest
 from adaptive_lb.config import HealthConfig, LatencyFactorConfig, TrackingConfig
 from adaptive_lb.core.clock import ManualClock
 from adaptive_lb.health.model import HealthModel, HealthState
-from adaptive_lb.health.probe_latency import MIN_REFERENCE, probe_offset, still_slow
+from adaptive_lb.health.peers import still_slow
 from adaptive_lb.health.probes import ProbeScheduler
-from adaptive_lb.stats.host import HostStats, WindowStats
+from adaptive_lb.stats.host import HostStats
 from adaptive_lb.stats.latency_factor import LatencyRecord
 from adaptive_lb.stats.probe_record import ANSWERED, TIMEOUT
 
@@ -162,55 +162,34 @@ NO_JITTER = HealthConfig(latency_factor=LatencyFactorConfig(jitter=0.0))
 
 
 @pytest.mark.parametrize(
-    ("median_ms", "samples", "offset_ms", "fastest_ms", "held"),
+    ("median_ms", "samples", "fastest_ms", "held"),
     [
-        (5.0, 8, 0.95, None, True),  # 4.65 ms more than a probe on its peers: surely slow
-        (1.1, 8, 0.95, None, True),  # 0.75 ms more: a request 1.6 x its peers' 1.3 ms
-        (0.5, 8, 0.95, None, False),  # 0.15 ms more: within the dead band
-        (5.0, 2, 0.95, None, False),  # too few probes
-        (0.9, 3, 0.95, None, False),  # slower, but not surely (3 probes)
-        # No offset measured: against the peers' fastest requests, then their median.
-        (1.1, 8, None, 0.9, False),  # as fast as their fastest requests: not surely slower
-        (3.0, 8, None, 0.9, True),
-        (4.0, 8, None, None, True),
-        (2.0, 8, None, None, False),  # a user request may well take that
+        (5.0, 8, 0.35, True),  # 4.65 ms more than the peers' fastest requests: surely slow
+        (1.1, 8, 0.35, True),  # 0.75 ms more: a request 1.6 x its peers' 1.3 ms
+        (0.5, 8, 0.35, False),  # 0.15 ms more: within the dead band
+        (5.0, 2, 0.35, False),  # too few probes
+        (0.9, 3, 0.35, False),  # slower, but not surely (3 probes)
+        (1.1, 8, 0.9, False),  # as fast as their fastest requests: not surely slower
+        (3.0, 8, 0.9, True),
+        # The peers' fastest requests unknown: against their median.
+        (4.0, 8, None, True),
+        (2.0, 8, None, False),  # a user request may well take that
     ],
 )
 def test_still_slow_is_the_probe_excess_on_the_peers_user_latency(
-    median_ms, samples, offset_ms, fastest_ms, held
+    median_ms, samples, fastest_ms, held
 ):
-    offset = None if offset_ms is None else offset_ms / 1e3
     fastest = None if fastest_ms is None else fastest_ms / 1e3
-    why = still_slow(median_ms / 1e3, samples, 1.3e-3, 5, offset, 0.4, NO_JITTER, fastest)
+    why = still_slow(median_ms / 1e3, samples, 1.3e-3, 5, 0.4, NO_JITTER, fastest)
     assert (why is not None) is held
 
 
 def test_the_client_jitter_floor_applies_to_probes_too():
-    # 1 ms of client jitter is ln(1 + 1 / 0.35) = 1.35 on the peers' 0.35 ms probes: a probe
-    # 0.75 ms slower than theirs is no longer sure from 8 probes; 4.65 ms slower still is.
-    assert still_slow(1.1e-3, 8, 1.3e-3, 30, 0.95e-3, 0.4, NO_JITTER) is not None
-    assert still_slow(1.1e-3, 8, 1.3e-3, 30, 0.95e-3, 0.4, HealthConfig()) is None
-    assert still_slow(5.0e-3, 8, 1.3e-3, 30, 0.95e-3, 0.4, HealthConfig()) is not None
-
-
-def window(p50_ms: float, samples: int = 10) -> WindowStats:
-    return WindowStats(samples, samples, 0, 0, samples, {50.0: p50_ms / 1e3})
-
-
-def test_the_offset_is_measured_on_other_hosts_with_both():
-    groups = {"a": 1, "b": 1, "c": 1, "d": 2}
-    probes = {"a": (5.0e-3, 5), "b": (0.4e-3, 5), "c": (0.5e-3, 3), "d": (0.1e-3, 9)}
-    windows = {"a": window(60.0), "b": window(1.4), "c": window(1.6), "d": window(9.0)}
-    # b and c have both: 1.0 and 1.1 ms; a is the probed host, d another datacenter.
-    assert probe_offset(probes, windows, groups, 1, "a") == pytest.approx(1.05e-3)
-    # Too few probes, or too few user answers: no measure.
-    assert probe_offset({"b": (0.4e-3, 2)}, windows, groups, 1, "a") is None
-    assert probe_offset(probes, {"b": window(1.4, 2)}, groups, 1, "a") is None
-    # A probe dearer than a request (client jitter) counts as none.
-    assert probe_offset({"b": (2.0e-3, 5)}, windows, groups, 1, "a") == 0.0
-    # The reference never vanishes, whatever the offset.
-    assert still_slow(0.2e-3, 8, 1.3e-3, 5, 5e-3, 0.4, HealthConfig()) is None
-    assert MIN_REFERENCE * 1.3e-3 > 0
+    # 1 ms of client jitter is ln(1 + 1 / 0.35) = 1.35 on the peers' 0.35 ms requests: a
+    # probe 0.75 ms slower than that is no longer sure from 8 probes; 4.65 ms slower still is.
+    assert still_slow(1.1e-3, 8, 1.3e-3, 30, 0.4, NO_JITTER, 0.35e-3) is not None
+    assert still_slow(1.1e-3, 8, 1.3e-3, 30, 0.4, HealthConfig(), 0.35e-3) is None
+    assert still_slow(5.0e-3, 8, 1.3e-3, 30, 0.4, HealthConfig(), 0.35e-3) is not None
 
 
 def test_a_held_latency_factor_does_not_decay():
