@@ -212,6 +212,14 @@ class Planner:
         rest: Iterator[Any] | None = None
         keyspace = working_keyspace
         in_child = False  # an exception raised by the child is the child's, not ours
+        # The best replica when it goes first, before the others are ordered. It is yielded
+        # outside the try blocks: most plans are dropped after their first host, and a
+        # generator closed inside a try block runs its handler (~1,400 instructions).
+        head: HostView[HostStats] | None = None
+        local: tuple[HostView[HostStats], ...] = ()
+        allowed: set[int] | None = None
+        replicas: Sequence[HostView[HostStats]] = ()
+        fill: list[HostView[HostStats]] | None = None
         try:
             if query is not None:
                 keyspace = query.keyspace or working_keyspace
@@ -219,14 +227,12 @@ class Planner:
                     in_child = True
                     rest = iter(self.child.make_query_plan(working_keyspace, query))
                     in_child = False
-                    local: tuple[HostView[HostStats], ...] = ()
                 else:
                     local = topology.local
             else:
                 local = topology.local
 
             if local and self.resolver is not None:
-                allowed: set[int] | None = None
                 if not chain.membership_known:
                     # A policy we cannot predict: materialise its plan once and choose
                     # candidates only among the hosts it actually yields.
@@ -236,7 +242,6 @@ class Planner:
                     rest = iter(plan)
                     allowed = {id(host) for host in plan}
 
-                replicas: Sequence[HostView[HostStats]] = ()
                 if settings.token_aware and keyspace is not None and query is not None:
                     routing_key = query.routing_key
                     if routing_key is not None:
@@ -260,47 +265,39 @@ class Planner:
                     is_lwt = getattr(query, "is_lwt", None)
                     lwt = (is_lwt is not None and is_lwt()) or query.consistency_level in _SERIAL
                 position: str | None
-                others: Sequence[HostView[HostStats]]
                 if lwt:
                     ordered = order_lwt(replicas)
                     position = "replica"
                     if record is not None:
                         record.lwt = True
                 elif replicas:
-                    fill: list[HostView[HostStats]] | None = None
-                    first = False
                     if record is None or record.brief:
                         # The best replica goes first, before the others are ordered, when
                         # no non-replica can beat it: none at all (the common case when
                         # idle), or none of this plan's fill hosts (under load). A plan
                         # recording every candidate orders them all at once.
                         best, best_score = best_replica(replicas)
-                        first = (
-                            best_score < settings.non_replica_penalty * topology.min_rack_penalty
-                        )
-                        if not first:
+                        if best_score < settings.non_replica_penalty * topology.min_rack_penalty:
+                            head = best
+                        else:
                             fill = self._fill(local, allowed, replicas, settings.sample_size)
-                            first = best_score < lowest_score(fill, settings.non_replica_penalty)
-                    if first:
-                        yielded = {id(best.host)}
+                            if best_score < lowest_score(fill, settings.non_replica_penalty):
+                                head = best
+                    if head is None:
+                        if fill is None:
+                            fill = self._fill(local, allowed, replicas, settings.sample_size)
+                        ordered = order(replicas, fill, settings.non_replica_penalty)
+                        position = None  # known once ordered: see below
+                    else:
                         next(decisions["replica"])
                         if record is not None:  # a brief record is complete here
-                            record.position, record.candidates = "replica", (best,)
-                        yield best.host
-                        others = list(replicas)
-                        others.remove(best)  # C-level, by identity first
-                    else:
-                        others = replicas
-                    if fill is None:
-                        fill = self._fill(local, allowed, replicas, settings.sample_size)
-                    ordered = order(others, fill, settings.non_replica_penalty)
-                    position = None  # known once ordered: see below
+                            record.position, record.candidates = "replica", (head,)
                 else:
                     ordered = order((), self._fill(local, allowed, (), settings.sample_size), 1.0)
                     position = "local"
-                if record is not None:
-                    record.candidates = ordered
-                if yielded is None:
+                if head is None:
+                    if record is not None:
+                        record.candidates = ordered
                     yielded = set()
                     if ordered:
                         if position is None:
@@ -308,41 +305,78 @@ class Planner:
                         next(decisions[position])
                         if record is not None:
                             record.position = position
-                # Recorded before they are yielded: one C-level pass instead of a set
-                # insert per host (nothing between the yields below can raise).
-                yielded.update(map(id, map(_HOST, ordered)))
-                for view in ordered:
-                    yield view.host
-            if rest is None:
+                    # Recorded before they are yielded: one C-level pass instead of a set
+                    # insert per host (nothing between the yields below can raise).
+                    yielded.update(map(id, map(_HOST, ordered)))
+                    for view in ordered:
+                        yield view.host
+            if rest is None and head is None:
                 in_child = True
                 rest = iter(self._rest_plan(keyspace, query))
         except Exception:
             if in_child:
                 raise  # as the child alone would have: not ours to count or retry
-            self._on_error()
-            if record is not None:
-                record.fallback = True
-            if rest is None:
-                rest = iter(self.child.make_query_plan(working_keyspace, query))
-            if not yielded:
-                next(decisions["fallback"])
-                if record is not None:
-                    record.position = "fallback"
+            head = None
+            rest = self._recover(working_keyspace, query, record, rest, yielded)
         else:
-            if not yielded:
+            if head is None and not yielded:
                 # No local candidate (or a target host): the child's plan decides.
                 next(decisions["child"])
                 if record is not None:
                     record.position = "child"
 
+        if head is not None:
+            yield head.host
+            yielded = {id(head.host)}
+            try:
+                others = list(replicas)
+                others.remove(head)  # C-level, by identity first
+                if fill is None:
+                    fill = self._fill(local, allowed, replicas, settings.sample_size)
+                ordered = order(others, fill, settings.non_replica_penalty)
+                if record is not None:
+                    record.candidates = ordered
+                yielded.update(map(id, map(_HOST, ordered)))
+                for view in ordered:
+                    yield view.host
+                if rest is None:
+                    in_child = True
+                    rest = iter(self._rest_plan(keyspace, query))
+            except Exception:
+                if in_child:
+                    raise
+                rest = self._recover(working_keyspace, query, record, rest, yielded)
+
         # The rest of the child's plan, each host once (a child may repeat a host).
         if yielded is None:
             yielded = set()
+        assert rest is not None  # set on every path above
         for host in rest:
             key = id(host)
             if key not in yielded:
                 yielded.add(key)
                 yield host
+
+    def _recover(
+        self,
+        working_keyspace: str | None,
+        query: Any,
+        record: PlanRecord | None,
+        rest: Iterator[Any] | None,
+        yielded: set[int] | None,
+    ) -> Iterator[Any]:
+        """After an internal error: count it, and go on with the child's plan (``rest`` if
+        it was already asked for). Counted a ``fallback`` decision if no host was out yet."""
+        self._on_error()
+        if record is not None:
+            record.fallback = True
+        if rest is None:
+            rest = iter(self.child.make_query_plan(working_keyspace, query))
+        if not yielded:
+            next(self._decisions["fallback"])
+            if record is not None:
+                record.position = "fallback"
+        return rest
 
     def _rest_plan(self, keyspace: str | None, query: Any) -> Iterator[Any]:
         """The child's plan, looking through the stock wrappers whose work is done here."""

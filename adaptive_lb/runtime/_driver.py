@@ -232,25 +232,42 @@ def session_pools(session: Any) -> dict[Any, Any]:
     return pools
 
 
-def _single_in_flight(pools: dict[Any, Any], host: Any) -> int:
+def _single_in_flight(pools: dict[Any, Any], held: dict[int, Any], host: Any) -> int:
     # cassandra-driver: one connection, a class attribute (None while it is replaced).
-    pool = pools.get(host)
-    if pool is None:
-        return 0
+    pool = held.get(id(host))
+    if pool is None or pool.is_shutdown:
+        pool = _look_up_pool(pools, held, host)
+        if pool is None:
+            return 0
     connection = pool._connection
     return 0 if connection is None else connection.in_flight
 
 
-def _sharded_in_flight(pools: dict[Any, Any], host: Any) -> int:
+def _sharded_in_flight(pools: dict[Any, Any], held: dict[int, Any], host: Any) -> int:
     # scylla-driver: one connection per shard (no _connection attribute: a getattr with a
     # default would raise and catch AttributeError on every read).
-    pool = pools.get(host)
-    if pool is None:
-        return 0
+    pool = held.get(id(host))
+    if pool is None or pool.is_shutdown:
+        pool = _look_up_pool(pools, held, host)
+        if pool is None:
+            return 0
     total = 0
     for connection in pool._connections.values():
         total += connection.in_flight
     return total
+
+
+def _look_up_pool(pools: dict[Any, Any], held: dict[int, Any], host: Any) -> Any | None:
+    # A host not read before, or whose pool the driver has shut down since (renewed or
+    # removed). Keyed by id: the pool refers to its host, so the id is not reused while
+    # the entry lives. The shut-down pools of hosts no longer read go here too.
+    for key, old in list(held.items()):
+        if old.is_shutdown:
+            held.pop(key, None)
+    pool = pools.get(host)
+    if pool is not None:
+        held[id(host)] = pool
+    return pool
 
 
 def pool_in_flight_reader(session: Any) -> Callable[[Any], int]:
@@ -264,10 +281,18 @@ def pool_in_flight_reader(session: Any) -> Callable[[Any], int]:
     connection per host on cassandra-driver (``_connection``, a class attribute), one per
     shard on scylla-driver (``_connections``), told apart once, here; a replaced connection
     waiting for its last answers (``_trash``) is no longer counted. No pool (a host down,
-    ignored or not yet connected): 0."""
+    ignored or not yet connected): 0.
+
+    Each host's pool is looked up in the session's pools once, then held until the driver
+    shuts it down: looking a driver ``Host`` up in a dict hashes it through its endpoint in
+    Python (~2,600 instructions, most of a read), and a plan reads a few hosts. The driver
+    shuts a pool down when it replaces it (at once) or removes it (from its executor,
+    after its host is down or ignored: no longer a candidate of any plan); until then the
+    held pool's count is read, where a lookup would find the new pool or none."""
     pools = session_pools(session)
     single = "_connection" in vars(HostConnection)
-    return partial(_single_in_flight if single else _sharded_in_flight, pools)
+    held: dict[int, Any] = {}
+    return partial(_single_in_flight if single else _sharded_in_flight, pools, held)
 
 
 def pool_problems(session: Any) -> list[str]:
@@ -289,6 +314,8 @@ def pool_problems(session: Any) -> list[str]:
         else:
             problems.append(f"{type(pool).__name__} has neither _connection nor _connections")
             continue
+        if not isinstance(getattr(pool, "is_shutdown", None), bool):
+            problems.append(f"{type(pool).__name__}.is_shutdown is not a bool")
         for member in members:
             if not isinstance(getattr(member, "in_flight", None), int):
                 problems.append(f"{type(member).__name__}.in_flight is not an int")

@@ -27,7 +27,12 @@ from adaptive_lb.plan._driver_policies import (
     tablets_of,
     token_value_function,
 )
-from adaptive_lb.runtime._driver import FUTURE_POLICY_ATTRIBUTE, driver_release, tracking_problems
+from adaptive_lb.runtime._driver import (
+    FUTURE_POLICY_ATTRIBUTE,
+    driver_release,
+    pool_in_flight_reader,
+    tracking_problems,
+)
 from adaptive_lb.tools.sim.driver_topology import build_cluster
 
 
@@ -151,3 +156,49 @@ def test_per_request_host_targeting_the_probes_use():
     init = inspect.signature(ResponseFuture.__init__).parameters
     assert {"query", "host"} <= set(init)
     assert hasattr(ResponseFuture, "query")  # documented: the statement being executed
+
+
+def test_a_pool_says_when_it_is_shut_down():
+    """The in-flight reader holds each host's pool until its ``is_shutdown`` (a class
+    default of False, set by ``HostConnection.shutdown`` on both drivers)."""
+    from cassandra.pool import HostConnection
+
+    assert HostConnection.is_shutdown is False
+    assert callable(HostConnection.shutdown)
+
+
+class _Connection:
+    def __init__(self, in_flight: int) -> None:
+        self.in_flight = in_flight
+
+
+class _Pool:
+    """A pool as the reader sees it on either driver."""
+
+    def __init__(self, in_flight: int) -> None:
+        self.is_shutdown = False
+        self._connection = _Connection(in_flight)
+        self._connections = {0: self._connection}
+
+
+def test_the_in_flight_reader_follows_the_pools_the_driver_renews_and_removes():
+    hosts = build_cluster({"dc1": 2}, real_cluster=False).hosts
+    a, b = hosts
+    first = _Pool(3)
+    session = types.SimpleNamespace(_pools={a: first})
+    read = pool_in_flight_reader(session)
+    assert (read(a), read(b)) == (3, 0)
+    first._connection.in_flight = 4
+    assert read(a) == 4  # live, from the pool held
+    # renewed: the new pool goes in, then the old one is shut down
+    second = _Pool(1)
+    session._pools[a] = second
+    first.is_shutdown = True
+    assert read(a) == 1
+    # a pool appears for a host that had none
+    session._pools[b] = _Pool(7)
+    assert read(b) == 7
+    # removed: popped, then shut down
+    del session._pools[a]
+    second.is_shutdown = True
+    assert read(a) == 0
