@@ -71,7 +71,7 @@ def test_sixteen_threads_with_retries_and_reloads_keep_exact_counts(tmp_path):
     bad.write_text("tracking:\n  window: -1\n")
     good = tmp_path / "good.yaml"
     good.write_text("policy:\n  sample_size: 4\n")
-    cycles = scaled(4000)
+    cycles = scaled(2000)
     errors: list[BaseException] = []
     sends_by_thread = [collections.Counter() for _ in range(THREADS)]
     done = threading.Event()

@@ -29,7 +29,7 @@ def _benchmark(name: str) -> ModuleType:
 
 
 def test_a_tiny_run_writes_json_and_markdown(tmp_path, capsys):
-    argv = ["--plans", "300", "--repeats", "3", "--keys", "500", "--skip-1000"]
+    argv = ["--plans", "100", "--repeats", "1", "--keys", "100", "--skip-1000"]
     assert bench.main([*argv, "--out", str(tmp_path)]) == 0
     [written] = list(tmp_path.glob("*.json"))
     result = json.loads(written.read_text())

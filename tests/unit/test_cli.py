@@ -20,7 +20,7 @@ from adaptive_lb.tools.cli import build_parser, format_written, main
 from adaptive_lb.tools.sim.progress import ProgressBar
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH_TINY = ["--plans", "200", "--repeats", "1", "--keys", "200", "--skip-1000"]
+BENCH_TINY = ["--plans", "100", "--repeats", "1", "--keys", "100", "--skip-1000"]
 DEMO_TINY = ["--scenario", "local-one", "--requests", "200", "--jobs", "1", "--seed", "1"]
 
 

@@ -986,7 +986,7 @@ def _strategy(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
 valid_documents = _strategy(json_schema())
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(valid_documents)
 def test_every_document_the_schema_allows_loads_and_round_trips(data):
     tracking = data["tracking"]
@@ -1036,7 +1036,7 @@ def test_arbitrary_documents_raise_only_config_errors(data):
     _only_config_errors(lambda: parse_config(text))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     st.dictionaries(
         st.sampled_from(["policy", "tracking", "health", "tracing", "metrics", "privacy"]),

@@ -666,7 +666,7 @@ def test_host_hovering_at_the_threshold_does_not_flap(seed, low, high):
     assert all(t.key == "h0" for t in c.transitions)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     dwell=st.sampled_from([0.5, 1.0, 3.0]),

@@ -306,7 +306,7 @@ def test_no_lost_counts_under_many_threads():
     clock = ManualClock(0)
     registry = StatsRegistry(TrackingConfig(window=1000.0, intervals=10), clock)
     keys = [f"host{i}" for i in range(4)]
-    per_thread, threads_count = 20_000, 16
+    per_thread, threads_count = 8_000, 16
     outcomes = ("success", "error", "slow_error", "timeout", "abandon", "unsent")
     expected = {(k, o): 0 for k in keys for o in outcomes}
     expected_lock = threading.Lock()
@@ -334,7 +334,7 @@ def test_no_lost_counts_under_many_threads():
                 stats.on_unsent()
             counts[key, outcome] += 1
             if i % 500 == 0:
-                clock.advance(S)  # 640 virtual seconds in all: rotations, no expiry
+                clock.advance(S)  # 256 virtual seconds in all: rotations, no expiry
         with expected_lock:
             for k, v in counts.items():
                 expected[k] += v

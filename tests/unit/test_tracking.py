@@ -140,7 +140,7 @@ def test_shutdown_releases_everything_in_flight():
 
 
 def test_many_threads_random_attempt_histories_end_at_zero():
-    """16 threads x 25,000 attempts: first tries, retries on another host, speculative
+    """16 threads x 10,000 attempts: first tries, retries on another host, speculative
     executions, successes, fast and slow errors, client timeouts, late responses. The
     threads switch every 10 us instead of every 5 ms: more interleavings in fewer attempts."""
     model, policy, _tracker = build(ManualClock(0))
@@ -156,7 +156,7 @@ def test_many_threads_random_attempt_histories_end_at_zero():
     def worker(seed: int) -> None:
         rng = random.Random(seed)
         attempts_made = outcomes = 0
-        while attempts_made < 25_000:
+        while attempts_made < 10_000:
             request = Attempts.of(policy)
             plan = rng.sample(hosts, 3)
             outstanding = [plan[0]]
