@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from attrs import define, evolve
 
@@ -45,6 +45,7 @@ __all__ = [
     "false_alarm",
     "judge_slowness",
     "latency_spread",
+    "majority_lateness",
     "samples_needed",
     "seconds_text",
     "slow_by_evidence",
@@ -94,6 +95,53 @@ def samples_needed(ratio: float, outlier_factor: float, spread: float, certainty
         return math.inf
     margin = math.log(ratio / outlier_factor)
     return max(float(MIN_EVIDENCE), (certainty * MEDIAN_SE * spread / margin) ** 2)
+
+
+MAJORITY_SAMPLES = 400
+"""Answers counted at most by :func:`majority_lateness` (more would only lower the level)."""
+
+
+def majority_lateness(levels: Sequence[float], samples: int, alpha: float) -> float:
+    """The client's lateness that a majority of a host's ``samples`` answers may all have
+    had, at false-alarm probability ``alpha``: the level of ``levels`` (the window's
+    lateness observations, increasing) exceeded a fraction ``p`` of the time, ``p`` the
+    largest with P(Binomial(samples, p) > samples / 2) <= ``alpha``: answers at
+    independent moments. One or two answers may all have fallen in the client's worst
+    moment (the largest lateness); a hundred seldom fall in more than its worst third (about
+    the 70th percentile). 0 when nothing was seen."""
+    if not levels:
+        return 0.0
+    p = _majority_fraction(min(max(1, samples), MAJORITY_SAMPLES), alpha)
+    return levels[min(len(levels) - 1, math.floor((1.0 - p) * len(levels)))]
+
+
+@functools.lru_cache(maxsize=1024)
+def _majority_fraction(samples: int, alpha: float) -> float:
+    """The largest ``p`` (to 1e-4) with P(Binomial(samples, p) > samples / 2) <= ``alpha``."""
+    low, high = 0.0, 0.5
+    while high - low > 1e-4:
+        middle = (low + high) / 2.0
+        if _majority_tail(samples, middle) <= alpha:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _majority_tail(samples: int, p: float) -> float:
+    """P(Binomial(samples, p) > samples / 2), for 0 < p < 1."""
+    log_p, log_q = math.log(p), math.log1p(-p)
+    top = math.lgamma(samples + 1)
+    return sum(
+        math.exp(
+            top
+            - math.lgamma(k + 1)
+            - math.lgamma(samples - k + 1)
+            + k * log_p
+            + (samples - k) * log_q
+        )
+        for k in range(samples // 2 + 1, samples + 1)
+    )
 
 
 def twice_as_sure(certainty: float) -> float:
@@ -179,9 +227,10 @@ def slow_by_evidence(
     """Why the host is a latency outlier by its median against ``peer_typical`` (its peers'
     median of medians; :func:`samples_needed` at ``certainty``, default
     ``health.certainty``), or None while it is not (yet). ``lateness_s``: the client's
-    typical lateness, taken off the host's median; it and ``noise_s``, the largest, floor
-    the spread (a saturated client delays a burst of answers, and a host whose few answers
-    fell in it shows a median that is the client's)."""
+    typical lateness, taken off the host's median; it and ``noise_s``, what may have delayed
+    most of the host's answers (:meth:`Baseline.noise`), floor the spread (a saturated
+    client delays a burst of answers, and a host whose few answers fell in it shows a median
+    that is the client's)."""
     typical = window.latency.get(50.0)
     if typical is None or not peer_typical:
         return None
@@ -281,7 +330,8 @@ class Baseline:
     spread: float = DEFAULT_SPREAD
     """The cluster's log-spread of latency (:func:`~adaptive_lb.health.evidence.latency_spread`)."""
     lateness_s: float = 0.0
-    """The client's largest lateness over the window: added to the tail's threshold."""
+    """The client's largest lateness over the window: added to the tail's threshold (and
+    the median rule's noise when ``lateness_levels`` is empty)."""
     typical_lateness_s: float = 0.0
     """Its median lateness: taken off the host's median by the median rule."""
     peer_samples: int = 0
@@ -292,6 +342,16 @@ class Baseline:
     recent: WindowStats | None = None
     """The answers of the window's intervals entered since the host was suspected (the
     second, disjoint sample)."""
+    lateness_levels: tuple[float, ...] = ()
+    """Every lateness the client saw over the window, increasing: the median rule's noise
+    (:func:`majority_lateness`)."""
+
+    def noise(self, samples: int, certainty: float) -> float:
+        """The client's lateness that may have delayed most of ``samples`` answers
+        (:func:`majority_lateness` at ``certainty``; ``lateness_s`` without levels)."""
+        if not self.lateness_levels:
+            return self.lateness_s
+        return majority_lateness(self.lateness_levels, samples, false_alarm(certainty))
 
     def threshold(self, config: HealthConfig) -> float | None:
         """The tail's SLOW threshold: ``outlier_factor`` x the peers' tail, above their upper
@@ -321,7 +381,7 @@ class Baseline:
             config,
             self.typical_lateness_s,
             certainty,
-            noise_s=self.lateness_s,
+            noise_s=self.noise(sample.samples, certainty),
         )
         if why is not None or not tails:
             return why

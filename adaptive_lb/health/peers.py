@@ -269,6 +269,7 @@ def compare(
     spread = latency_spread(windows.values())
     peer_samples = typical_samples(windows, groups)
     late = (lateness.high(now), lateness.typical(now))  # the largest, and the typical
+    levels = lateness.levels(now)
     args = (groups, racks, near, typical, peer_samples, spread, config, now)
     probe_slow = still_slow_hosts(stats, windows, *args, window_s) if probing else {}
     recent = since_suspected(config, stats, windows, verdicts)
@@ -282,6 +283,7 @@ def compare(
             peer_samples.get(groups.get(key), 0),
             probe_slow.get(key),
             recent.get(key),
+            levels,
         )
         for key in windows
     }

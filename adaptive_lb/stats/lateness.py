@@ -87,6 +87,12 @@ class ClientLateness:
         with self._lock:
             return max(self._window(now_ns), default=0.0)
 
+    def levels(self, now_ns: int) -> tuple[float, ...]:
+        """Every lateness seen in the window ending at ``now_ns``, seconds, in increasing
+        order (empty when none was seen)."""
+        with self._lock:
+            return tuple(sorted(self._window(now_ns)))
+
     def typical(self, now_ns: int) -> float:
         """The median lateness of the window ending at ``now_ns``, seconds (0 when none
         was seen)."""

@@ -16,14 +16,17 @@ from adaptive_lb.health.evidence import (
     DEFAULT_SPREAD,
     MIN_EVIDENCE,
     MIN_SPREAD,
+    Baseline,
     error_rate_lower_bound,
     erroring_by_evidence,
     false_alarm,
     latency_spread,
+    majority_lateness,
     samples_needed,
     slow_by_evidence,
     tail_percentiles,
     tail_ranks,
+    twice_as_sure,
 )
 from adaptive_lb.health.model import HealthModel, HealthState
 from adaptive_lb.stats.host import HostStats, WindowStats
@@ -100,6 +103,43 @@ def test_a_median_from_few_answers_of_a_saturated_client_is_not_a_verdict():
     assert slow_by_evidence(window(24, 0.0026), 0.0003, 0.91, CONFIG, 0.0005, noise_s=0.020) is None
     # A host 50 ms slower still stands out from three answers beside such a client.
     assert slow_by_evidence(window(3, 0.050), 0.0003, 0.91, CONFIG, 0.0005, noise_s=0.020)
+
+
+def test_the_lateness_most_answers_may_share_falls_from_the_largest_with_their_count():
+    # 100 observations of the client's timer: 1 ms to 100 ms, one each.
+    levels = tuple(ms / 1000 for ms in range(1, 101))
+    alpha = false_alarm(CONFIG.certainty)
+    # One answer, or three, may all have come in the client's worst moment.
+    assert majority_lateness(levels, 1, alpha) == 0.100
+    assert majority_lateness(levels, 3, alpha) >= 0.098
+    # More answers are spread over more moments: a majority of 100 seldom shares the
+    # client's worst third (about the 65th percentile at alpha 0.00135).
+    shares = [majority_lateness(levels, n, alpha) for n in (3, 9, 20, 46, 100, 400)]
+    assert shares == sorted(shares, reverse=True)
+    assert 0.060 <= majority_lateness(levels, 100, alpha) <= 0.070
+    # Surer (alpha squared) takes a higher level; nothing seen is no lateness.
+    sure = false_alarm(twice_as_sure(CONFIG.certainty))
+    assert majority_lateness(levels, 100, sure) > majority_lateness(levels, 100, alpha)
+    assert majority_lateness((), 100, alpha) == 0.0
+    # Counted up to MAJORITY_SAMPLES: 10,000 answers are judged as 400.
+    assert majority_lateness(levels, 10_000, alpha) == majority_lateness(levels, 400, alpha)
+
+
+def test_many_answers_of_a_slow_host_beside_a_saturated_client_are_a_verdict():
+    # test_slow_node_gets_almost_nothing[32] beside a CPU hog: the +20 ms host's median
+    # 38 ms against its peers' 12.7 ms; the client mostly 2-5 ms late, once 60 ms. With the
+    # largest lateness as the noise of every median, 150 answers are no verdict (about 400
+    # would be); what a majority of 150 answers may share (the 4 ms level) leaves 100.
+    levels = tuple(sorted([0.002] * 40 + [0.004] * 40 + [0.005] * 19 + [0.060]))
+    largest = Baseline(typical=0.0127, spread=0.5, lateness_s=0.060, typical_lateness_s=0.004)
+    shared = attrs.evolve(largest, lateness_levels=levels)
+    sure = twice_as_sure(CONFIG.certainty)
+    slow = window(150, 0.038)
+    assert largest.gap(slow, CONFIG, sure, tails=False) is None
+    assert shared.noise(150, sure) == 0.004
+    assert "(>= 100 needed at spread 0.50)" in shared.gap(slow, CONFIG, sure, tails=False)
+    # ...while three answers beside that client still count its worst moment.
+    assert shared.noise(3, sure) == 0.060
 
 
 def test_on_a_steady_cluster_the_client_jitter_sets_the_spread():
