@@ -334,7 +334,8 @@ def _slow(step: _Step) -> HostHealth:
     if step.enough_samples and latency is not None:
         if threshold is None:
             return step.warming(f"no peer latency to compare {pct} {_s(latency)} with")
-        if latency < config.recovery_factor * threshold and step.slow_why is None:
+        suspected = step.slowness.suspect_since_ns is not None
+        if latency < config.recovery_factor * threshold and not suspected:
             return step.warming(
                 f"recovered: {pct} {_s(latency)} < {config.recovery_factor:g} x "
                 f"{_s(threshold)} (peer median {_s(step.baseline.tail)}), "

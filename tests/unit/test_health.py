@@ -740,6 +740,27 @@ def test_assess_is_pure_and_keeps_the_numbers():
     assert first.error_rate == pytest.approx(0.2)
 
 
+def test_a_slow_host_still_suspected_is_not_recovered():
+    # test_slow_node_gets_almost_nothing[32] beside a CPU hog, judged by the median: the
+    # +20 ms host's 60 answers at 41 ms against its peers' 12.9 ms, the client mostly 4 ms
+    # late, once 35 ms. 41 ms is below 0.8 x (2 x 12.9 ms + 35 ms), the threshold with what
+    # the client may add to one answer; it was WARMING (then HEALTHY) a second after its
+    # verdict. Its median is still suspected: not clearly back to normal, so still SLOW.
+    config = HealthConfig(percentile=50.0)
+    stats = window(latency=0.041, samples=60, percentile=50.0)
+    levels = tuple(sorted([0.004] * 99 + [0.035]))
+    baseline = Baseline(tail=0.0129, typical=0.0129, lateness_s=0.035, typical_lateness_s=0.004)
+    suspected = attrs.evolve(baseline, lateness_levels=levels)
+    slow = settled(SLOW)
+    still = assess(slow, stats, suspected, config, 60 * S)
+    assert still.state is SLOW and still.slowness.suspect_since_ns is not None
+    assert still.slowness.why is None  # suspected, not (again) a verdict
+    # Back within its peers' range (no suspicion): recovered.
+    fast = window(latency=0.015, samples=60, percentile=50.0)
+    back = assess(slow, fast, suspected, config, 60 * S)
+    assert back.state is WARMING and back.reason.startswith("recovered: p50 0.0150s"), back
+
+
 def test_assess_uses_the_configured_percentile():
     config = HealthConfig(percentile=95.0)
     stats = window(latency=0.1, percentile=95.0)
