@@ -129,19 +129,23 @@ def _majority_fraction(samples: int, alpha: float) -> float:
 
 
 def _majority_tail(samples: int, p: float) -> float:
-    """P(Binomial(samples, p) > samples / 2), for 0 < p < 1."""
-    log_p, log_q = math.log(p), math.log1p(-p)
-    top = math.lgamma(samples + 1)
-    return sum(
-        math.exp(
-            top
-            - math.lgamma(k + 1)
-            - math.lgamma(samples - k + 1)
-            + k * log_p
-            + (samples - k) * log_q
-        )
-        for k in range(samples // 2 + 1, samples + 1)
+    """P(Binomial(samples, p) > samples / 2), for 0 < p <= 0.5: its terms from the first,
+    each from the last (they only fall), until they no longer count."""
+    k = samples // 2 + 1
+    odds = p / (1.0 - p)
+    term = math.exp(
+        math.lgamma(samples + 1)
+        - math.lgamma(k + 1)
+        - math.lgamma(samples - k + 1)
+        + k * math.log(p)
+        + (samples - k) * math.log1p(-p)
     )
+    total = 0.0
+    while k <= samples and term > total * 1e-12:
+        total += term
+        term *= (samples - k) / (k + 1) * odds
+        k += 1
+    return total
 
 
 def twice_as_sure(certainty: float) -> float:
