@@ -17,6 +17,7 @@ from adaptive_lb.health.evidence import (
     MIN_EVIDENCE,
     MIN_SPREAD,
     Baseline,
+    _majority_tail,
     error_rate_lower_bound,
     erroring_by_evidence,
     false_alarm,
@@ -123,6 +124,16 @@ def test_the_lateness_most_answers_may_share_falls_from_the_largest_with_their_c
     assert majority_lateness((), 100, alpha) == 0.0
     # Counted up to MAJORITY_SAMPLES: 10,000 answers are judged as 400.
     assert majority_lateness(levels, 10_000, alpha) == majority_lateness(levels, 400, alpha)
+
+
+@pytest.mark.parametrize("samples", [1, 2, 3, 9, 46, 100, 400])
+def test_the_majority_tail_is_the_binomial_sum(samples):
+    for p in (1e-6, 0.001, 0.1, 0.3, 0.45, 0.5):
+        exact = sum(
+            math.comb(samples, k) * p**k * (1 - p) ** (samples - k)
+            for k in range(samples // 2 + 1, samples + 1)
+        )
+        assert _majority_tail(samples, p) == pytest.approx(exact, rel=1e-9, abs=1e-300)
 
 
 def test_many_answers_of_a_slow_host_beside_a_saturated_client_are_a_verdict():
