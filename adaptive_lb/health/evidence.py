@@ -32,7 +32,7 @@ from adaptive_lb.config import HealthConfig
 from adaptive_lb.health.verdict import Slowness
 from adaptive_lb.stats.host import WindowStats
 from adaptive_lb.stats.latency_factor import MEDIAN_SE, floored_spread
-from adaptive_lb.stats.lateness import discounted
+from adaptive_lb.stats.lateness import discounted, largest_of, typical_of
 
 __all__ = [
     "DEFAULT_SPREAD",
@@ -333,11 +333,6 @@ class Baseline:
     """The peers' median p50, of hosts with a few answers (the median rule's reference)."""
     spread: float = DEFAULT_SPREAD
     """The cluster's log-spread of latency (:func:`~adaptive_lb.health.evidence.latency_spread`)."""
-    lateness_s: float = 0.0
-    """The client's largest lateness over the window: added to the tail's threshold (and
-    the median rule's noise when ``lateness_levels`` is empty)."""
-    typical_lateness_s: float = 0.0
-    """Its median lateness: taken off the host's median by the median rule."""
     peer_samples: int = 0
     """About how many answers of each peer ``typical`` rests on."""
     probe_slow: str | None = None
@@ -347,14 +342,22 @@ class Baseline:
     """The answers of the window's intervals entered since the host was suspected (the
     second, disjoint sample)."""
     lateness_levels: tuple[float, ...] = ()
-    """Every lateness the client saw over the window, increasing: the median rule's noise
-    (:func:`majority_lateness`)."""
+    """Every lateness the client saw over the window, increasing
+    (:meth:`ClientLateness.levels <adaptive_lb.stats.lateness.ClientLateness.levels>`)."""
+
+    @property
+    def lateness_s(self) -> float:
+        """The client's largest lateness over the window: added to the tail's threshold."""
+        return largest_of(self.lateness_levels)
+
+    @property
+    def typical_lateness_s(self) -> float:
+        """Its median lateness: taken off the host's median by the median rule."""
+        return typical_of(self.lateness_levels)
 
     def noise(self, samples: int, certainty: float) -> float:
         """The client's lateness that may have delayed most of ``samples`` answers
-        (:func:`majority_lateness` at ``certainty``; ``lateness_s`` without levels)."""
-        if not self.lateness_levels:
-            return self.lateness_s
+        (:func:`majority_lateness` at ``certainty``)."""
         return majority_lateness(self.lateness_levels, samples, false_alarm(certainty))
 
     def threshold(self, config: HealthConfig) -> float | None:

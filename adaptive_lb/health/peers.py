@@ -268,7 +268,6 @@ def compare(
     typical = peer_medians(windows, groups, config, racks, near, 50.0, MIN_EVIDENCE, strict=True)
     spread = latency_spread(windows.values())
     peer_samples = typical_samples(windows, groups)
-    late = (lateness.high(now), lateness.typical(now))  # the largest, and the typical
     levels = lateness.levels(now)
     args = (groups, racks, near, typical, peer_samples, spread, config, now)
     probe_slow = still_slow_hosts(stats, windows, *args, window_s) if probing else {}
@@ -279,7 +278,6 @@ def compare(
             bounds[key],
             typical[key],
             spread,
-            *late,
             peer_samples.get(groups.get(key), 0),
             probe_slow.get(key),
             recent.get(key),

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Sequence
 
-__all__ = ["MAX_OBSERVATIONS", "ClientLateness", "discounted"]
+__all__ = ["MAX_OBSERVATIONS", "ClientLateness", "discounted", "largest_of", "typical_of"]
 
 _NS = 1_000_000_000
 MAX_OBSERVATIONS = 4096
@@ -35,6 +36,18 @@ def discounted(latency_s: float, lateness_s: float, reference_s: float) -> float
     if lateness_s <= 0.0:
         return latency_s
     return max(min(latency_s, reference_s), latency_s - lateness_s)
+
+
+def largest_of(levels: Sequence[float]) -> float:
+    """The largest of ``levels`` (increasing), 0 when empty: what the client may have added
+    to any one answer."""
+    return levels[-1] if levels else 0.0
+
+
+def typical_of(levels: Sequence[float]) -> float:
+    """The (upper) median of ``levels`` (increasing), 0 when empty: what the client added to
+    most answers."""
+    return levels[len(levels) // 2] if levels else 0.0
 
 
 class ClientLateness:
@@ -84,8 +97,7 @@ class ClientLateness:
     def high(self, now_ns: int) -> float:
         """The largest lateness in the window ending at ``now_ns``, seconds (0 when none
         was seen)."""
-        with self._lock:
-            return max(self._window(now_ns), default=0.0)
+        return largest_of(self.levels(now_ns))
 
     def levels(self, now_ns: int) -> tuple[float, ...]:
         """Every lateness seen in the window ending at ``now_ns``, seconds, in increasing
@@ -96,6 +108,4 @@ class ClientLateness:
     def typical(self, now_ns: int) -> float:
         """The median lateness of the window ending at ``now_ns``, seconds (0 when none
         was seen)."""
-        with self._lock:
-            window = sorted(self._window(now_ns))
-        return window[len(window) // 2] if window else 0.0
+        return typical_of(self.levels(now_ns))

@@ -142,11 +142,11 @@ def test_many_answers_of_a_slow_host_beside_a_saturated_client_are_a_verdict():
     # largest lateness as the noise of every median, 150 answers are no verdict (about 400
     # would be); what a majority of 150 answers may share (the 4 ms level) leaves 100.
     levels = tuple(sorted([0.002] * 40 + [0.004] * 40 + [0.005] * 19 + [0.060]))
-    largest = Baseline(typical=0.0127, spread=0.5, lateness_s=0.060, typical_lateness_s=0.004)
-    shared = attrs.evolve(largest, lateness_levels=levels)
+    shared = Baseline(typical=0.0127, spread=0.5, lateness_levels=levels)
+    assert (shared.lateness_s, shared.typical_lateness_s) == (0.060, 0.004)
     sure = twice_as_sure(CONFIG.certainty)
     slow = window(150, 0.038)
-    assert largest.gap(slow, CONFIG, sure, tails=False) is None
+    assert slow_by_evidence(slow, 0.0127, 0.5, CONFIG, 0.004, sure, noise_s=0.060) is None
     assert shared.noise(150, sure) == 0.004
     assert "(>= 100 needed at spread 0.50)" in shared.gap(slow, CONFIG, sure, tails=False)
     # ...while three answers beside that client still count its worst moment.
