@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping
 
 from attrs import define, evolve
 
@@ -32,7 +32,7 @@ from adaptive_lb.config import HealthConfig
 from adaptive_lb.health.verdict import Slowness
 from adaptive_lb.stats.host import WindowStats
 from adaptive_lb.stats.latency_factor import MEDIAN_SE, floored_spread
-from adaptive_lb.stats.lateness import discounted, largest_of, typical_of
+from adaptive_lb.stats.lateness import discounted, largest_of, majority_lateness, typical_of
 
 __all__ = [
     "DEFAULT_SPREAD",
@@ -45,7 +45,6 @@ __all__ = [
     "false_alarm",
     "judge_slowness",
     "latency_spread",
-    "majority_lateness",
     "samples_needed",
     "seconds_text",
     "slow_by_evidence",
@@ -95,57 +94,6 @@ def samples_needed(ratio: float, outlier_factor: float, spread: float, certainty
         return math.inf
     margin = math.log(ratio / outlier_factor)
     return max(float(MIN_EVIDENCE), (certainty * MEDIAN_SE * spread / margin) ** 2)
-
-
-MAJORITY_SAMPLES = 400
-"""Answers counted at most by :func:`majority_lateness` (more would only lower the level)."""
-
-
-def majority_lateness(levels: Sequence[float], samples: int, alpha: float) -> float:
-    """The client's lateness that a majority of a host's ``samples`` answers may all have
-    had, at false-alarm probability ``alpha``: the level of ``levels`` (the window's
-    lateness observations, increasing) exceeded a fraction ``p`` of the time, ``p`` the
-    largest with P(Binomial(samples, p) > samples / 2) <= ``alpha``: answers at
-    independent moments. One or two answers may all have fallen in the client's worst
-    moment (the largest lateness); a hundred seldom fall in more than its worst third (about
-    the 70th percentile). 0 when nothing was seen."""
-    if not levels:
-        return 0.0
-    p = _majority_fraction(min(max(1, samples), MAJORITY_SAMPLES), alpha)
-    return levels[min(len(levels) - 1, math.floor((1.0 - p) * len(levels)))]
-
-
-@functools.lru_cache(maxsize=1024)
-def _majority_fraction(samples: int, alpha: float) -> float:
-    """The largest ``p`` (to 1e-4) with P(Binomial(samples, p) > samples / 2) <= ``alpha``."""
-    low, high = 0.0, 0.5
-    while high - low > 1e-4:
-        middle = (low + high) / 2.0
-        if _majority_tail(samples, middle) <= alpha:
-            low = middle
-        else:
-            high = middle
-    return low
-
-
-def _majority_tail(samples: int, p: float) -> float:
-    """P(Binomial(samples, p) > samples / 2), for 0 < p <= 0.5: its terms from the first,
-    each from the last (they only fall), until they no longer count."""
-    k = samples // 2 + 1
-    odds = p / (1.0 - p)
-    term = math.exp(
-        math.lgamma(samples + 1)
-        - math.lgamma(k + 1)
-        - math.lgamma(samples - k + 1)
-        + k * math.log(p)
-        + (samples - k) * math.log1p(-p)
-    )
-    total = 0.0
-    while k <= samples and term > total * 1e-12:
-        total += term
-        term *= (samples - k) / (k + 1) * odds
-        k += 1
-    return total
 
 
 def twice_as_sure(certainty: float) -> float:
@@ -357,7 +305,7 @@ class Baseline:
 
     def noise(self, samples: int, certainty: float) -> float:
         """The client's lateness that may have delayed most of ``samples`` answers
-        (:func:`majority_lateness` at ``certainty``)."""
+        (:func:`~adaptive_lb.stats.lateness.majority_lateness` at ``certainty``)."""
         return majority_lateness(self.lateness_levels, samples, false_alarm(certainty))
 
     def threshold(self, config: HealthConfig) -> float | None:

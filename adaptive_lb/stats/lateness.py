@@ -9,7 +9,8 @@ took (:class:`adaptive_lb.runtime.refresher.HealthRefresher`; the simulator feed
 :class:`ClientLateness` keeps what it saw over the statistics window, so that the health
 judgement (:mod:`adaptive_lb.health.rules`, :mod:`adaptive_lb.health.evidence`) can discount what
 the client itself may have added: the largest lateness to any one answer (a tail), the
-median to most of them (a median).
+median to most of them (a median), and what a majority of a host's ``n`` answers may all
+have had (:func:`majority_lateness`, the median rule's noise).
 
 Imports the standard library only.
 """
@@ -17,10 +18,20 @@ Imports the standard library only.
 from __future__ import annotations
 
 import collections
+import functools
+import math
 import threading
 from collections.abc import Sequence
 
-__all__ = ["MAX_OBSERVATIONS", "ClientLateness", "discounted", "largest_of", "typical_of"]
+__all__ = [
+    "MAJORITY_SAMPLES",
+    "MAX_OBSERVATIONS",
+    "ClientLateness",
+    "discounted",
+    "largest_of",
+    "majority_lateness",
+    "typical_of",
+]
 
 _NS = 1_000_000_000
 MAX_OBSERVATIONS = 4096
@@ -48,6 +59,57 @@ def typical_of(levels: Sequence[float]) -> float:
     """The (upper) median of ``levels`` (increasing), 0 when empty: what the client added to
     most answers."""
     return levels[len(levels) // 2] if levels else 0.0
+
+
+MAJORITY_SAMPLES = 400
+"""Answers counted at most by :func:`majority_lateness` (more would only lower the level)."""
+
+
+def majority_lateness(levels: Sequence[float], samples: int, alpha: float) -> float:
+    """The client's lateness that a majority of a host's ``samples`` answers may all have
+    had, at false-alarm probability ``alpha``: the level of ``levels`` (the window's
+    lateness observations, increasing) exceeded a fraction ``p`` of the time, ``p`` the
+    largest with P(Binomial(samples, p) > samples / 2) <= ``alpha``: answers at
+    independent moments. One or two answers may all have fallen in the client's worst
+    moment (the largest lateness); a hundred seldom fall in more than its worst third (about
+    the 70th percentile). 0 when nothing was seen."""
+    if not levels:
+        return 0.0
+    p = _majority_fraction(min(max(1, samples), MAJORITY_SAMPLES), alpha)
+    return levels[min(len(levels) - 1, math.floor((1.0 - p) * len(levels)))]
+
+
+@functools.lru_cache(maxsize=1024)
+def _majority_fraction(samples: int, alpha: float) -> float:
+    """The largest ``p`` (to 1e-4) with P(Binomial(samples, p) > samples / 2) <= ``alpha``."""
+    low, high = 0.0, 0.5
+    while high - low > 1e-4:
+        middle = (low + high) / 2.0
+        if _majority_tail(samples, middle) <= alpha:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _majority_tail(samples: int, p: float) -> float:
+    """P(Binomial(samples, p) > samples / 2), for 0 < p <= 0.5: its terms from the first,
+    each from the last (they only fall), until they no longer count."""
+    k = samples // 2 + 1
+    odds = p / (1.0 - p)
+    term = math.exp(
+        math.lgamma(samples + 1)
+        - math.lgamma(k + 1)
+        - math.lgamma(samples - k + 1)
+        + k * math.log(p)
+        + (samples - k) * math.log1p(-p)
+    )
+    total = 0.0
+    while k <= samples and term > total * 1e-12:
+        total += term
+        term *= (samples - k) / (k + 1) * odds
+        k += 1
+    return total
 
 
 class ClientLateness:

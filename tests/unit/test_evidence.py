@@ -17,12 +17,10 @@ from adaptive_lb.health.evidence import (
     MIN_EVIDENCE,
     MIN_SPREAD,
     Baseline,
-    _majority_tail,
     error_rate_lower_bound,
     erroring_by_evidence,
     false_alarm,
     latency_spread,
-    majority_lateness,
     samples_needed,
     slow_by_evidence,
     tail_percentiles,
@@ -31,6 +29,7 @@ from adaptive_lb.health.evidence import (
 )
 from adaptive_lb.health.model import HealthModel, HealthState
 from adaptive_lb.stats.host import HostStats, WindowStats
+from adaptive_lb.stats.lateness import _majority_tail, majority_lateness
 
 MS = 1_000_000
 S = 1_000_000_000
