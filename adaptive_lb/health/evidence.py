@@ -32,7 +32,7 @@ from adaptive_lb.config import HealthConfig
 from adaptive_lb.health.verdict import Slowness
 from adaptive_lb.stats.host import WindowStats
 from adaptive_lb.stats.latency_factor import MEDIAN_SE, floored_spread
-from adaptive_lb.stats.lateness import discounted, largest_of, majority_lateness, typical_of
+from adaptive_lb.stats.lateness import discounted, majority_lateness
 
 __all__ = [
     "DEFAULT_SPREAD",
@@ -295,13 +295,16 @@ class Baseline:
 
     @property
     def lateness_s(self) -> float:
-        """The client's largest lateness over the window: added to the tail's threshold."""
-        return largest_of(self.lateness_levels)
+        """The client's largest lateness over the window (what it may have added to any one
+        answer): added to the tail's threshold."""
+        return self.lateness_levels[-1] if self.lateness_levels else 0.0
 
     @property
     def typical_lateness_s(self) -> float:
-        """Its median lateness: taken off the host's median by the median rule."""
-        return typical_of(self.lateness_levels)
+        """Its (upper) median lateness (what it added to most answers): taken off the host's
+        median by the median rule."""
+        levels = self.lateness_levels
+        return levels[len(levels) // 2] if levels else 0.0
 
     def noise(self, samples: int, certainty: float) -> float:
         """The client's lateness that may have delayed most of ``samples`` answers

@@ -71,16 +71,6 @@ class _Step:
         self.evidence, self.streak = previous.evidence.observe(self.answers, self.failures)
 
     @property
-    def slow_why(self) -> str | None:
-        """Why it is SLOW (None: it is not)."""
-        return self.slowness.why
-
-    @property
-    def enough_samples(self) -> bool:
-        """``min_samples`` latency samples: the tail rule may judge."""
-        return self.window.samples >= self.config.min_samples and self.latency is not None
-
-    @property
     def state(self) -> HealthState:
         return self.previous.state
 
@@ -161,11 +151,13 @@ class _Step:
 
     def slow(self) -> HostHealth:
         """SLOW from now, for the signals' reason."""
-        return self.worse(HealthState.SLOW, self.config.penalties.slow, self.slow_why or "", "slow")
+        return self.worse(
+            HealthState.SLOW, self.config.penalties.slow, self.slowness.why or "", "slow"
+        )
 
     def back(self, reason: str) -> HostHealth:
         """Back from errors: WARMING, unless its window shows it slow (then SLOW)."""
-        return self.slow() if self.slow_why is not None else self.warming(reason)
+        return self.slow() if self.slowness.why is not None else self.warming(reason)
 
     def probe_wait_s(self, evidence: Evidence) -> float:
         """How long this ERRORING host waits before its next probe (:func:`hold_s`)."""
@@ -234,7 +226,7 @@ def _worse(step: _Step) -> HostHealth | None:
         )
     if step.errors_why is not None and state is not HealthState.ERRORING:
         return step.worse(HealthState.ERRORING, penalties.erroring, step.errors_why, "errors")
-    if step.slow_why is not None and state in _FINE:
+    if step.slowness.why is not None and state in _FINE:
         return step.slow()
     return None
 
@@ -331,7 +323,7 @@ def _slow(step: _Step) -> HostHealth:
         return step.hold(penalty)
     latency, threshold = step.latency, step.baseline.threshold(config)
     pct = f"p{config.percentile:g}"
-    if step.enough_samples and latency is not None:
+    if step.window.samples >= config.min_samples and latency is not None:
         if threshold is None:
             return step.warming(f"no peer latency to compare {pct} {_s(latency)} with")
         suspected = step.slowness.suspect_since_ns is not None

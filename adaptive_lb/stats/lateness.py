@@ -28,9 +28,7 @@ __all__ = [
     "MAX_OBSERVATIONS",
     "ClientLateness",
     "discounted",
-    "largest_of",
     "majority_lateness",
-    "typical_of",
 ]
 
 _NS = 1_000_000_000
@@ -47,18 +45,6 @@ def discounted(latency_s: float, lateness_s: float, reference_s: float) -> float
     if lateness_s <= 0.0:
         return latency_s
     return max(min(latency_s, reference_s), latency_s - lateness_s)
-
-
-def largest_of(levels: Sequence[float]) -> float:
-    """The largest of ``levels`` (increasing), 0 when empty: what the client may have added
-    to any one answer."""
-    return levels[-1] if levels else 0.0
-
-
-def typical_of(levels: Sequence[float]) -> float:
-    """The (upper) median of ``levels`` (increasing), 0 when empty: what the client added to
-    most answers."""
-    return levels[len(levels) // 2] if levels else 0.0
 
 
 MAJORITY_SAMPLES = 400
@@ -114,10 +100,8 @@ def _majority_tail(samples: int, p: float) -> float:
 
 class ClientLateness:
     """How late the client's own timer fired over a sliding window of ``window_s`` seconds
-    (in ``intervals`` slices, as the statistics window): the largest lateness (:meth:`high`:
-    what the client may have added to any one answer) and the median (:meth:`typical`: what
-    it added to most). Thread-safe (one lock, taken a few times a second, never on the
-    request path); at most :data:`MAX_OBSERVATIONS` kept."""
+    (in ``intervals`` slices, as the statistics window). Thread-safe (one lock, taken a few
+    times a second, never on the request path); at most :data:`MAX_OBSERVATIONS` kept."""
 
     __slots__ = ("_intervals", "_lock", "_seen", "_slice_ns")
 
@@ -149,25 +133,12 @@ class ClientLateness:
         with self._lock:
             self._seen.append((now_ns // self._slice_ns, max(0.0, late_s)))
 
-    def _window(self, now_ns: int) -> list[float]:
-        oldest = now_ns // self._slice_ns - self._intervals
-        seen = self._seen
-        while seen and seen[0][0] <= oldest:
-            seen.popleft()
-        return [late for _, late in seen]
-
-    def high(self, now_ns: int) -> float:
-        """The largest lateness in the window ending at ``now_ns``, seconds (0 when none
-        was seen)."""
-        return largest_of(self.levels(now_ns))
-
     def levels(self, now_ns: int) -> tuple[float, ...]:
         """Every lateness seen in the window ending at ``now_ns``, seconds, in increasing
         order (empty when none was seen)."""
+        oldest = now_ns // self._slice_ns - self._intervals
         with self._lock:
-            return tuple(sorted(self._window(now_ns)))
-
-    def typical(self, now_ns: int) -> float:
-        """The median lateness of the window ending at ``now_ns``, seconds (0 when none
-        was seen)."""
-        return typical_of(self.levels(now_ns))
+            seen = self._seen
+            while seen and seen[0][0] <= oldest:
+                seen.popleft()
+            return tuple(sorted(late for _, late in seen))

@@ -1060,23 +1060,27 @@ def test_a_stall_that_caught_only_untracked_requests_still_makes_the_host_suspec
 
 
 def test_the_clients_lateness_is_the_largest_of_the_window_and_forgotten_after_it():
-    """ClientLateness: the largest and the median lateness over the window (10 s in 5
-    intervals of 2 s)."""
+    """ClientLateness: every lateness over the window (10 s in 5 intervals of 2 s), and the
+    largest and the median a Baseline derives from them."""
     from adaptive_lb.stats.lateness import ClientLateness, discounted
+
+    def high_and_typical(now_ns: int) -> tuple[float, float]:
+        baseline = Baseline(lateness_levels=lateness.levels(now_ns))
+        return baseline.lateness_s, baseline.typical_lateness_s
 
     lateness = ClientLateness(10.0, 5)
     lateness.observe(1 * S, 0.004)
     lateness.observe(3 * S, 0.020)
     lateness.observe(3 * S, 0.001)
     lateness.observe(5 * S, -0.001)  # early: on time
-    assert lateness.high(5 * S) == 0.020
-    assert lateness.typical(5 * S) == pytest.approx(0.004)  # the upper median of 4
-    assert lateness.high(11 * S) == 0.020  # the 2-4 s interval is still in the window
-    assert lateness.typical(11 * S) == pytest.approx(0.001)  # the upper median of 0.02, 0.001, 0
-    assert lateness.high(14 * S) == 0.0 and lateness.typical(14 * S) == 0.0
+    assert lateness.levels(5 * S) == (0.0, 0.001, 0.004, 0.020)
+    assert high_and_typical(5 * S) == (0.020, pytest.approx(0.004))  # the upper median of 4
+    # The 2-4 s interval is still in the window; the upper median of 0.02, 0.001, 0.
+    assert high_and_typical(11 * S) == (0.020, pytest.approx(0.001))
+    assert high_and_typical(14 * S) == (0.0, 0.0)
     lateness.observe(14 * S, 0.003)
     lateness.after_fork()
-    assert lateness.high(14 * S) == 0.0
+    assert lateness.levels(14 * S) == ()
     # A host's latency without the client's lateness, never below its peers'.
     assert discounted(0.030, 0.010, 0.005) == pytest.approx(0.020)
     assert discounted(0.012, 0.010, 0.005) == 0.005

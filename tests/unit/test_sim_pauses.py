@@ -119,7 +119,8 @@ def test_a_refresh_due_in_a_pause_runs_at_its_end_and_observes_how_late() -> Non
     ticks: list[tuple[int, float]] = []
 
     def tick() -> None:
-        ticks.append((sim.engine.now, lateness.high(sim.engine.now)))  # observed first
+        levels = lateness.levels(sim.engine.now)  # observed first
+        ticks.append((sim.engine.now, levels[-1] if levels else 0.0))
         policy.refresh_health()
 
     pauses = ClientPauses(windows=[(390 * MS, 430 * MS)])
