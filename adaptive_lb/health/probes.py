@@ -14,6 +14,11 @@ enters the latency window.
   ``probe_interval`` (enough fresh user traffic);
 * *suspected*: requests in flight and no answer for ``probe_timeout`` (a probe would have
   failed by then), or a user request failed and nothing answered since;
+* *kept away by its latency factor* (above 1, no user answer within ``probe_interval``,
+  while other hosts answered this client within it): its probes' round trips hold the
+  factor while they show it still clearly slower, so that a busy node a thin client stopped
+  sending to is not sent user requests again the moment its window empties
+  (:func:`~adaptive_lb.health.peers.still_slow`);
 * without fresh evidence: it had user requests in the window, but neither they nor a probe
   answered for 2 x ``probe_interval``, while other hosts answered this client within
   ``probe_interval`` (a client that sends nothing, or waits on a hung request, needs no
@@ -70,6 +75,7 @@ from adaptive_lb.stats.host import HostStats, WindowStats
 from adaptive_lb.stats.probe_record import TIMEOUT, ProbeRecord
 
 __all__ = [
+    "HELD_AWAY",
     "HUNG",
     "JITTER",
     "PROBE_QUERY",
@@ -103,6 +109,9 @@ HUNG = "requests in flight without an answer"
 """The reason of a probe of a *suspected* host: its requests hang (:func:`probe_reason`)."""
 STALLED = "stalled"
 """The reason of a probe of a host ERRORING by a stall: to see it answer again."""
+HELD_AWAY = "kept away by its latency factor"
+"""The reason of a probe of a host its latency factor keeps from user requests (see the
+module docstring)."""
 ROUTINE = "no fresh answer"
 """The reason of a routine probe: the host's evidence is stale, nothing says it is in
 trouble (a thin client's host that it sent a request a while ago)."""
@@ -166,6 +175,8 @@ def probe_reason(
         return HUNG
     if failures > record.failures_cleared:
         return "a request failed, none answered since"
+    if busy and not fresh and stats.latency_factor > 1.0:
+        return HELD_AWAY
     if busy and window is not None and window.requests > 0:
         last = user_answer_ns
         if record.last_answer_ns is not None:

@@ -13,7 +13,7 @@ from adaptive_lb.config import HealthConfig, LatencyFactorConfig, TrackingConfig
 from adaptive_lb.core.clock import ManualClock
 from adaptive_lb.health.model import HealthModel, HealthState
 from adaptive_lb.health.peers import still_slow
-from adaptive_lb.health.probes import ProbeScheduler
+from adaptive_lb.health.probes import HELD_AWAY, ProbeScheduler
 from adaptive_lb.stats.host import HostStats
 from adaptive_lb.stats.latency_factor import LatencyRecord
 from adaptive_lb.stats.probe_record import ANSWERED, TIMEOUT
@@ -203,3 +203,26 @@ def test_a_held_latency_factor_does_not_decay():
         held.update(t * S, None, 0.001, 0, 30, 0.3, config, held=True)
     assert record.factor == 1.0
     assert held.factor == config.cap
+
+
+def test_a_host_its_latency_factor_keeps_away_is_probed_and_held_while_slow():
+    """h0 answers 2.5 x its peers' latency: no verdict, but a latency factor above 1, which
+    keeps a thin client's requests off it (here: none after its factor rose). Without
+    user answers its factor would decay and send it requests again while still slow;
+    probed, it holds while the probes are slower, and decays once they are not."""
+    cluster = Cluster()
+    cluster.rtt_ms["h0"] = 5.0
+    for _ in range(60):
+        cluster.run(0.2, slow_ms=5.0)
+        if cluster.stats["h0"].latency_factor > 1.0:
+            break
+    assert cluster.stats["h0"].latency_factor > 1.0
+    assert cluster.state("h0") is HEALTHY
+    cluster.run(20.0)  # no user request to h0: its window empties
+    assert cluster.stats["h0"].latency_factor > 1.0
+    assert ("h0", HELD_AWAY) in cluster.sent
+    assert {host for host, _ in cluster.sent} == {"h0"}  # peers with traffic: no probe
+    cluster.rtt_ms["h0"] = 0.3
+    cluster.run(20.0)  # the slow probes leave the window, then the factor decays
+    assert cluster.stats["h0"].latency_factor == 1.0
+    assert cluster.state("h0") is HEALTHY
