@@ -51,7 +51,6 @@ __all__ = [
     "tail_percentiles",
     "tail_ranks",
     "twice_as_sure",
-    "typical_samples",
     "upper_bound_windows",
 ]
 
@@ -222,18 +221,6 @@ def erroring_by_evidence(window: WindowStats, config: HealthConfig) -> str | Non
     )
 
 
-def typical_samples(
-    windows: Mapping[Hashable, WindowStats], groups: Mapping[Hashable, Hashable]
-) -> dict[Hashable, int]:
-    """Per group, the median sample count of its hosts with ``MIN_EVIDENCE`` answers: about
-    how many answers of each peer the evidence rules' peer median rests on."""
-    counts: dict[Hashable, list[int]] = {}
-    for key, window in windows.items():
-        if window.samples >= MIN_EVIDENCE:
-            counts.setdefault(groups.get(key), []).append(window.samples)
-    return {group: round(statistics.median(values)) for group, values in counts.items()}
-
-
 def upper_bound_windows(
     windows: Mapping[Hashable, WindowStats], config: HealthConfig
 ) -> dict[Hashable, WindowStats]:
@@ -282,7 +269,8 @@ class Baseline:
     spread: float = DEFAULT_SPREAD
     """The cluster's log-spread of latency (:func:`~adaptive_lb.health.evidence.latency_spread`)."""
     peer_samples: int = 0
-    """About how many answers of each peer ``typical`` rests on."""
+    """About how many answers of each peer ``typical`` rests on (the median sample count of
+    the peers it was taken from)."""
     probe_slow: str | None = None
     """Why the host's probes say it is still clearly slow (None: they do not, or no probe;
     :func:`~adaptive_lb.health.peers.still_slow`)."""

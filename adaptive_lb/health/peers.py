@@ -29,7 +29,6 @@ from adaptive_lb.health.evidence import (
     Baseline,
     bound_percentiles,
     latency_spread,
-    typical_samples,
     upper_bound_windows,
 )
 from adaptive_lb.health.verdict import HostHealth
@@ -111,6 +110,7 @@ def peer_medians(
     min_samples: int | None = None,
     *,
     strict: bool = False,
+    counts: dict[_K, int] | None = None,
 ) -> dict[_K, float | None]:
     """Each host's peer median: the median latency at ``percentile`` (default
     ``config.percentile``) of its peers with ``min_samples`` (default
@@ -119,52 +119,75 @@ def peer_medians(
     are; with ``racks`` (host -> rack), see the module docstring (``distances``: ``(group,
     rack)`` -> seconds; a rack without one is not corrected, nor used to judge a rack with
     one). ``strict``: with ``racks``, a host with neither rack peers nor a rack distance
-    gets None rather than its group as it is (a far rack would look slow)."""
+    gets None rather than its group as it is (a far rack would look slow). ``counts``, when
+    given, receives each host's peers' median sample count (0 without peers): how many
+    answers of each peer its median rests on."""
     percentile = float(config.percentile if percentile is None else percentile)
     min_samples = config.min_samples if min_samples is None else min_samples
-    own: dict[_K, float] = {}
-    by_group: dict[Hashable, list[float]] = {}
-    by_rack: dict[tuple[Hashable, Hashable], list[float]] = {}
-    excess: dict[Hashable, list[float]] = {}
-    """Per group: latency - the host's rack distance, of the hosts whose rack has one."""
+    own: dict[_K, tuple[float, float]] = {}
+    """Per host with the samples: its latency and its sample count."""
+    peers: dict[tuple[str, Hashable], tuple[list[float], list[float]]] = {}
+    """Per peer set -- ``g``: a group, ``r``: a rack, ``x``: a group's hosts whose rack has a
+    distance (latency - that distance) -- its latencies and its sample counts."""
     known = _capped(distances or {}, config.max_rack_distance)
     for key, window in windows.items():
         latency = window.latency.get(percentile)
         if latency is None or window.samples < min_samples:
             continue
-        own[key] = latency
+        own[key] = (latency, float(window.samples))
         group = groups.get(key)
-        by_group.setdefault(group, []).append(latency)
+        member = [(("g", group), latency)]
         if racks is not None:
             rack = (group, racks.get(key))
-            by_rack.setdefault(rack, []).append(latency)
+            member.append((("r", rack), latency))
             if rack in known:
-                excess.setdefault(group, []).append(latency - known[rack])
-    for values in (*by_group.values(), *by_rack.values(), *excess.values()):
+                member.append((("x", group), latency - known[rack]))
+        for name, value in member:
+            values, sizes = peers.setdefault(name, ([], []))
+            values.append(value)
+            sizes.append(float(window.samples))
+    for values, sizes in peers.values():
         values.sort()
+        sizes.sort()
 
     medians: dict[_K, float | None] = {}
     for key in windows:
-        group = groups.get(key)
-        latency = own.get(key)
-        if racks is not None:
-            rack = (group, racks.get(key))
-            same_rack = by_rack.get(rack, [])
-            if len(same_rack) - (latency is not None) >= MIN_RACK_PEERS:
-                medians[key] = _others(same_rack, latency)
-                continue
-            distance = known.get(rack)
-            if distance is not None and excess.get(group):
-                own_excess = None if latency is None else latency - distance
-                median = _others(excess[group], own_excess)
-                if median is not None:
-                    medians[key] = max(0.0, distance + median)
-                    continue
-            if strict:
-                medians[key] = None
-                continue
-        medians[key] = _others(by_group.get(group, []), latency)
+        median, used = _peer_median(key, own.get(key), groups, racks, known, peers, strict)
+        medians[key] = median
+        if counts is not None:
+            sizes = peers[used][1] if used is not None and median is not None else []
+            size = _others(sizes, own[key][1] if key in own else None)
+            counts[key] = 0 if size is None else round(size)
     return medians
+
+
+def _peer_median(
+    key: _K,
+    own: tuple[float, float] | None,
+    groups: Mapping[_K, Hashable],
+    racks: Mapping[_K, Hashable] | None,
+    known: Mapping[tuple[Hashable, Hashable], float],
+    peers: Mapping[tuple[str, Hashable], tuple[list[float], list[float]]],
+    strict: bool,
+) -> tuple[float | None, tuple[str, Hashable] | None]:
+    """``key``'s peer median (:func:`peer_medians`) and the peer set it was taken from."""
+    group = groups.get(key)
+    latency = None if own is None else own[0]
+    if racks is not None:
+        rack = (group, racks.get(key))
+        same_rack = peers.get(("r", rack), ([], []))[0]
+        if len(same_rack) - (latency is not None) >= MIN_RACK_PEERS:
+            return _others(same_rack, latency), ("r", rack)
+        distance = known.get(rack)
+        excess = peers.get(("x", group), ([], []))[0]
+        if distance is not None and excess:
+            own_excess = None if latency is None else latency - distance
+            median = _others(excess, own_excess)
+            if median is not None:
+                return max(0.0, distance + median), ("x", group)
+        if strict:
+            return None, None
+    return _others(peers.get(("g", group), ([], []))[0], latency), ("g", group)
 
 
 def still_slow(
@@ -209,7 +232,7 @@ def still_slow_hosts(
     racks: Mapping[_K, Hashable] | None,
     distances: Mapping[tuple[Hashable, Hashable], float] | None,
     peer_user: Mapping[_K, float | None],
-    peer_samples: Mapping[Hashable, int],
+    peer_samples: Mapping[_K, int],
     spread: float,
     config: HealthConfig,
     now_ns: int,
@@ -218,7 +241,7 @@ def still_slow_hosts(
     """The hosts that are still clearly slow by the probes they answered within the last
     ``window_s`` (:func:`still_slow`), with why. ``peer_user``: each host's peers' median
     (the median rule's reference); their fastest tenth is found as it is; ``peer_samples``:
-    per group, the median answer count behind it."""
+    each host's, the median answer count of the peers behind it."""
     since = now_ns - round(window_s * _NS)
     probed = {key: host.probes.recent_rtts(since) for key, host in stats.items()}
     if not any(probed.values()):
@@ -228,7 +251,7 @@ def still_slow_hosts(
     )
     slow = {}
     for key, rtts in probed.items():
-        user_s, behind = peer_user.get(key), peer_samples.get(groups.get(key), 0)
+        user_s, behind = peer_user.get(key), peer_samples.get(key, 0)
         if not rtts or user_s is None:
             continue
         median_s, fastest_s = statistics.median(rtts), peer_fastest.get(key)
@@ -265,9 +288,11 @@ def compare(
     # above what its peers' tails could be, not only above their estimate.
     bounds = peer_medians(upper_bound_windows(windows, config), groups, config, racks, near)
     # For the median rule (adaptive_lb.health.evidence): medians of hosts with a few answers.
-    typical = peer_medians(windows, groups, config, racks, near, 50.0, MIN_EVIDENCE, strict=True)
+    peer_samples: dict[Hashable, int] = {}
+    typical = peer_medians(
+        windows, groups, config, racks, near, 50.0, MIN_EVIDENCE, strict=True, counts=peer_samples
+    )
     spread = latency_spread(windows.values())
-    peer_samples = typical_samples(windows, groups)
     levels = lateness.levels(now)
     args = (groups, racks, near, typical, peer_samples, spread, config, now)
     probe_slow = still_slow_hosts(stats, windows, *args, window_s) if probing else {}
@@ -278,7 +303,7 @@ def compare(
             bounds[key],
             typical[key],
             spread,
-            peer_samples.get(groups.get(key), 0),
+            peer_samples[key],
             probe_slow.get(key),
             recent.get(key),
             levels,

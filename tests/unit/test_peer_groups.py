@@ -145,20 +145,39 @@ def test_a_host_of_a_rack_with_enough_peers_is_compared_with_its_rack_only(hosts
     windows = {f"h{i}": window(latency, samples) for i, (_, latency, samples) in enumerate(hosts)}
     racks = {f"h{i}": rack for i, (rack, _, _) in enumerate(hosts)}
     groups = dict.fromkeys(windows, "dc1")
-    medians = peer_medians(windows, groups, config, racks, {})
+    counts: dict[str, int] = {}
+    medians = peer_medians(windows, groups, config, racks, {}, counts=counts)
 
     def qualified(key: str) -> float | None:
         w = windows[key]
         return w.latency[99.0] if w.samples >= config.min_samples else None
 
+    def samples_of(key: str, peers: list[str]) -> int:
+        sizes = [windows[o].samples for o in peers]
+        return round(peer_median(sizes) or 0) if medians[key] is not None else 0
+
     for key in windows:
-        rack_peers = [
-            qualified(o) for o in windows if o != key and racks[o] == racks[key] and qualified(o)
-        ]
+        rack_peers = [o for o in windows if o != key and racks[o] == racks[key] and qualified(o)]
         if len(rack_peers) >= MIN_RACK_PEERS:
-            assert medians[key] == peer_median(rack_peers)
+            assert medians[key] == peer_median(qualified(o) for o in rack_peers)
+            assert counts[key] == samples_of(key, rack_peers)
         else:  # no distance known: the datacenter as it is
-            assert medians[key] == peer_median(qualified(o) for o in windows if o != key)
+            others = [o for o in windows if o != key and qualified(o)]
+            assert medians[key] == peer_median(qualified(o) for o in others)
+            assert counts[key] == samples_of(key, others)
+
+
+def test_a_hosts_peer_count_is_its_peers_not_its_datacenters():
+    """The answers a host's peer median rests on are its peers' (here its rack's, 500 each),
+    not the datacenter's typical host (most are far racks with a few answers)."""
+    config = HealthConfig()
+    windows = {f"a{i}": window(0.001, 500) for i in range(4)}
+    windows |= {f"{r}{i}": window(0.0015, 5) for r in "bc" for i in range(4)}
+    racks = {key: key[0] for key in windows}
+    counts: dict[str, int] = {}
+    peer_medians(windows, dict.fromkeys(windows, "dc1"), config, racks, {}, 50.0, 3, counts=counts)
+    assert counts["a1"] == 500
+    assert counts["b1"] == 5
 
 
 def test_corrected_median_moves_each_peer_to_the_hosts_distance():
