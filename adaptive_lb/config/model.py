@@ -277,7 +277,8 @@ class HealthConfig:
     """WARMING: how long a returning host's penalty takes to decay from
     ``penalties.warming`` to 1, so that its share of traffic ramps up linearly."""
     recovery_factor: float = field(default=0.8, validator=[number, gt(0.0), le(1.0)])
-    """Hysteresis: leave SLOW / ERRORING only below this fraction of the entry threshold."""
+    """Hysteresis: leave SLOW / ERRORING only below this fraction of the entry threshold
+    (for SLOW, without the client's own lateness the entry threshold adds)."""
     min_state_duration: float = duration(1.0, ge(0.0))
     """Hysteresis: how long a host stays in a state before it may leave it."""
     refresh_interval: float = duration(0.2, ge(0.01), le(60.0))

@@ -299,16 +299,20 @@ class Baseline:
         (:func:`~adaptive_lb.stats.lateness.majority_lateness` at ``certainty``)."""
         return majority_lateness(self.lateness_levels, samples, false_alarm(certainty))
 
-    def threshold(self, config: HealthConfig) -> float | None:
-        """The tail's SLOW threshold: ``outlier_factor`` x the peers' tail, above their upper
-        confidence bound, at least ``slow_floor``, plus what the client itself may have
-        added to any answer; None without the peers' tail."""
+    def reference(self, config: HealthConfig) -> float | None:
+        """``outlier_factor`` x the peers' tail, above their upper confidence bound, at least
+        ``slow_floor``; None without the peers' tail. A SLOW host is forgiven below
+        ``recovery_factor`` x this: the client's own lateness weakens the evidence both
+        ways, so it never makes a slow host look recovered."""
         if self.tail is None:
             return None
-        threshold = max(
-            config.outlier_factor * self.tail, self.tail_bound or 0.0, config.slow_floor
-        )
-        return threshold + self.lateness_s
+        return max(config.outlier_factor * self.tail, self.tail_bound or 0.0, config.slow_floor)
+
+    def threshold(self, config: HealthConfig) -> float | None:
+        """The tail's SLOW threshold: :meth:`reference` plus what the client itself may have
+        added to any answer; None without the peers' tail."""
+        reference = self.reference(config)
+        return None if reference is None else reference + self.lateness_s
 
     def gap(
         self,

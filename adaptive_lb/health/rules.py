@@ -321,7 +321,7 @@ def _slow(step: _Step) -> HostHealth:
     in_state_s = step.in_state_s
     if in_state_s < hold_s(config.min_state_duration, step.evidence.relapses, step.window_s):
         return step.hold(penalty)
-    latency, threshold = step.latency, step.baseline.threshold(config)
+    latency, threshold = step.latency, step.baseline.reference(config)
     pct = f"p{config.percentile:g}"
     if step.window.samples >= config.min_samples and latency is not None:
         if threshold is None:
