@@ -285,7 +285,8 @@ class HealthConfig:
     """How often health is refreshed (percentiles are computed only then)."""
     stall_timeout: float = duration(2.0, ge(0.0))
     """ERRORING when requests are in flight on the host and it has answered none of them
-    (a timeout is not an answer) for this long: a stalled node (long GC pause, hung
+    (a timeout is not an answer) for this long, counted in the client's own running time
+    (a pause of the client itself is not the host's): a stalled node (long GC pause, hung
     process). 0 disables."""
     probe_interval: float = duration(1.0, ge(0.0), le(60.0))
     """Active probes: how often, at most, a host that is stalled, erroring, returning from

@@ -87,8 +87,9 @@ class HealthModel:
         self._refreshing = False
         self._silence: dict[Hashable, tuple[int, int, tuple[int, int | None], int]] = {}
         """Per host at the last refresh, for :meth:`_silence_s`: its answers, since when
-        (ns) they have not changed with tracked requests in flight; its answers and last
-        probe answer, since when neither has with requests in flight by the driver's count."""
+        (client time, :meth:`_client_ns`) they have not changed with tracked requests in
+        flight; its answers and last probe answer, since when neither has with requests in
+        flight by the driver's count."""
         self._next_refresh_ns = 0
         self.rack_distances = RackDistances()
         """Each rack's distance from this client (refreshed with ``racks``)."""
@@ -314,11 +315,21 @@ class HealthModel:
         answers = host.requests_total - host.timeouts_total
         heard = (answers, host.probes.last_answer_ns)
         old = self._silence.get(key)
+        now_ns = self._client_ns(now_ns)
         stalled_ns = now_ns if old is None or old[0] != answers or in_flight <= 0 else old[1]
         unheard_ns = now_ns if old is None or old[2] != heard or host.in_flight <= 0 else old[3]
         self._silence[key] = (answers, stalled_ns, heard, unheard_ns)
         stalled = (now_ns - stalled_ns) / _NS
         return stalled, max(stalled, (now_ns - unheard_ns) / _NS)
+
+    def _client_ns(self, now_ns: int) -> int:
+        """``now_ns`` less every moment the client itself was not running
+        (:attr:`ClientLateness.paused_s <adaptive_lb.stats.lateness.ClientLateness.paused_s>`):
+        a silence is counted in the client's running time. A client that held the GIL for
+        4 s in a long C call (or was stopped) heard nothing meanwhile, and its first
+        refresh after it, often before the event loop had read the answers waiting, judged
+        every host with a request in flight stalled: a false ERRORING at penalty 1024."""
+        return now_ns - round(self.lateness.paused_s * _NS)
 
     def _judge(
         self,

@@ -103,7 +103,7 @@ class ClientLateness:
     (in ``intervals`` slices, as the statistics window). Thread-safe (one lock, taken a few
     times a second, never on the request path); at most :data:`MAX_OBSERVATIONS` kept."""
 
-    __slots__ = ("_intervals", "_lock", "_seen", "_slice_ns")
+    __slots__ = ("_intervals", "_lock", "_seen", "_slice_ns", "paused_s")
 
     def __init__(self, window_s: float = 10.0, intervals: int = 5) -> None:
         self._lock = threading.Lock()
@@ -113,6 +113,10 @@ class ClientLateness:
             maxlen=MAX_OBSERVATIONS
         )
         """(slice number, lateness in s) of each observation, oldest first."""
+        self.paused_s = 0.0
+        """Every lateness seen so far, summed (never forgotten): how long the client has
+        not run its timer in all. Between two readings, the time within which it did not
+        run, nor, most likely, handle any answer (a silence that long is the client's)."""
 
     def reconfigure(self, window_s: float, intervals: int) -> None:
         """A new window length (a reload): what was seen is forgotten."""
@@ -130,8 +134,10 @@ class ClientLateness:
     def observe(self, now_ns: int, late_s: float) -> None:
         """The client's timer fired ``late_s`` seconds late at ``now_ns`` (early counts as
         on time)."""
+        late_s = max(0.0, late_s)
         with self._lock:
-            self._seen.append((now_ns // self._slice_ns, max(0.0, late_s)))
+            self._seen.append((now_ns // self._slice_ns, late_s))
+            self.paused_s += late_s
 
     def levels(self, now_ns: int) -> tuple[float, ...]:
         """Every lateness seen in the window ending at ``now_ns``, seconds, in increasing

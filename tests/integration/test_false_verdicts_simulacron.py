@@ -7,11 +7,16 @@ then the same two beside a closed loop of 32 in flight and two processes spinnin
 client's two cores, long enough for a suspected tail to be confirmed on later answers
 (a real one is within 1-3 s), so that a tail the client's own delays made would have had
 the time to become a verdict. ``benchmarks/false_verdicts.py`` runs the six runs of the
-table apart, 30 s each.
+table apart, 30 s each. A third run: the three clients, the client itself stopped for 3 s
+(holding the GIL in a long C call, as an application's own work can), longer than
+``health.stall_timeout``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -59,4 +64,27 @@ def test_equal_nodes_saturated_client_no_false_verdict(contact_points):
         seen = run_loads(contact_points, policy, QUERY, [THIN, PACED, CLOSED], seconds=14.0)
     print(f"\nsaturated: answered {seen.answered}, failed {seen.failed}")
     assert seen.answered["thin"] >= 40 and seen.answered["closed"] >= 2000, seen
+    assert seen.departures == []
+
+
+def test_a_client_that_stops_itself_for_3_s_judges_no_node_stalled(contact_points):
+    # Before, its first refresh after the pause, ahead of the event loop reading the answers
+    # that waited, saw the hosts with a tracked request in flight silent for 3 s: "stalled",
+    # ERRORING at penalty 1024 (1, 2 and 5 such verdicts in three runs of this test). The
+    # closed loop keeps tracked requests in flight on every host.
+    held = []
+
+    def hold_the_gil() -> None:
+        time.sleep(4.0)  # connected, the loads running
+        started = time.monotonic()
+        ctypes.PyDLL(None).sleep(3)  # libc's sleep, called with the GIL held
+        held.append(time.monotonic() - started)
+
+    holder = threading.Thread(target=hold_the_gil, daemon=True)
+    holder.start()
+    seen = run_loads(contact_points, policy, QUERY, [THIN, PACED, CLOSED], seconds=10.0)
+    holder.join(10.0)
+    print(f"\nheld the GIL {held}: answered {seen.answered}, failed {seen.failed}")
+    assert held and held[0] >= 2.9
+    assert seen.answered["thin"] >= 40 and seen.answered["200"] >= 800, seen
     assert seen.departures == []

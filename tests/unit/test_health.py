@@ -370,6 +370,33 @@ def test_stalled_host_turns_erroring_without_min_samples():
     assert stalled.window_stats().requests == 0  # the stall's timeouts are forgotten
 
 
+def test_a_silence_while_the_client_itself_was_stopped_is_no_stall():
+    """The client held the GIL for 4 s (a long C call; or it was stopped): its refresh
+    thread woke 4 s late, and its first refresh, before the event loop had read the answers
+    waiting, saw every host with a request in flight silent for 4 s. Counted in the
+    client's own running time, that silence is 0.2 s: no stall. A host that stays silent
+    once the client runs again is stalled as before."""
+    c = Cluster(HealthConfig(stall_timeout=2.0))
+    c.feed_all(5.0, 100)
+    for host in c.stats.values():
+        host.on_send()
+    c.refresh()
+    c.clock.advance(4200 * MS)
+    c.model.lateness.observe(c.clock.now_ns(), 4.0)  # as the refresh thread measures it
+    assert c.refresh() == [] and all(c.state(key) is HEALTHY for key in c.stats)
+    for key in ("h1", "h2", "h3", "h4"):
+        c.feed(key, 5.0, 10)  # the answers that waited, read now
+        c.stats[key].on_send()
+    c.clock.advance(1700 * MS)
+    for key in ("h1", "h2", "h3", "h4"):
+        c.feed(key, 5.0, 10)
+    assert c.refresh() == [] and c.state("h0") is HEALTHY  # 1.9 s of its own time
+    c.clock.advance(200 * MS)
+    transitions = c.refresh()
+    assert [(t.key, t.new.state) for t in transitions] == [("h0", ERRORING)]
+    assert transitions[0].new.reason == "stalled: no answer for 2.1s with 1 requests in flight"
+
+
 def test_a_stalled_host_stays_erroring_while_it_stays_stalled():
     c = Cluster(HealthConfig(stall_timeout=1.0, min_state_duration=0.5))
     c.feed_all(5.0, 100)
