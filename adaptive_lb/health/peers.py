@@ -205,7 +205,10 @@ def still_slow(
     there); None when it is not (docs/design.md, "The round trip as a load signal")."""
     if samples < MIN_EVIDENCE or peer_samples <= 0 or min(median_s, peer_user_s) <= 0:
         return None
-    peer_s = peer_user_s if peer_fastest_s is None else min(peer_user_s, peer_fastest_s)
+    peer_s = peer_user_s
+    # Their fastest tenth moved by a rack's distance may read 0 (clamped): unknown then.
+    if peer_fastest_s is not None and peer_fastest_s > 0:
+        peer_s = min(peer_user_s, peer_fastest_s)
     jitter_s = config.latency_factor.jitter
     _, low, _ = gap_bounds(
         median_s, peer_s, samples, peer_samples, spread, config.certainty, jitter_s

@@ -174,6 +174,10 @@ NO_JITTER = HealthConfig(latency_factor=LatencyFactorConfig(jitter=0.0))
         # The peers' fastest requests unknown: against their median.
         (4.0, 8, None, True),
         (2.0, 8, None, False),  # a user request may well take that
+        # Their fastest tenth read as 0 (a far rack's, less its distance, is clamped at 0:
+        # a ZeroDivisionError in the health refresh on the real cluster): as unknown.
+        (4.0, 8, 0.0, True),
+        (2.0, 8, 0.0, False),
     ],
 )
 def test_still_slow_is_the_probe_excess_on_the_peers_user_latency(
