@@ -323,13 +323,15 @@ class HealthModel:
         return stalled, max(stalled, (now_ns - unheard_ns) / _NS)
 
     def _client_ns(self, now_ns: int) -> int:
-        """``now_ns`` less every moment the client itself was not running
-        (:attr:`ClientLateness.paused_s <adaptive_lb.stats.lateness.ClientLateness.paused_s>`):
-        a silence is counted in the client's running time. A client that held the GIL for
-        4 s in a long C call (or was stopped) heard nothing meanwhile, and its first
-        refresh after it, often before the event loop had read the answers waiting, judged
-        every host with a request in flight stalled: a false ERRORING at penalty 1024."""
-        return now_ns - round(self.lateness.paused_s * _NS)
+        """``now_ns`` less every moment the client itself did not read answers
+        (:attr:`ClientLateness.paused_total_s
+        <adaptive_lb.stats.lateness.ClientLateness.paused_total_s>`): a silence is counted
+        in the client's own running time. A client that held the GIL for 4 s in a long C
+        call, was stopped, or whose event loop a user callback kept for 3 s, heard nothing
+        meanwhile, and its first refresh after it, before the event loop had read the
+        answers waiting, judged every host with a request in flight stalled: a false
+        ERRORING at penalty 1024."""
+        return now_ns - round(self.lateness.paused_total_s * _NS)
 
     def _judge(
         self,

@@ -32,6 +32,7 @@ __all__ = [
     "driver_release",
     "hook_future",
     "is_tracked",
+    "loop_timer",
     "pool_in_flight_reader",
     "pool_problems",
     "session_pools",
@@ -220,6 +221,16 @@ def driver_release() -> str:
         except importlib.metadata.PackageNotFoundError:
             continue
     return f"cassandra module {getattr(cassandra, '__version__', '?')}"
+
+
+def loop_timer(session: Any) -> Callable[[float, Callable[[], None]], Any] | None:
+    """The driver's timer on the thread that reads the session's answers:
+    ``cluster.connection_class.create_timer(delay_s, callback)``, what the driver times its
+    own request timeouts with, on every reactor (None: this driver has none). How late it
+    fires is how late the client reads answers (:mod:`adaptive_lb.stats.lateness`)."""
+    connection_class = getattr(getattr(session, "cluster", None), "connection_class", None)
+    create = getattr(connection_class, "create_timer", None)
+    return create if callable(create) else None
 
 
 # ---------------------------------------------------------------- in flight, from the pools

@@ -197,6 +197,7 @@ class PolicyControls:
         self._tracking.detach_all()
         self._refresh.forget_thread()
         self._refresh.probe_sender = None  # the session it probed through is the parent's
+        self._refresh.loop_timer = None  # and so is its event loop
         self._refresh.clients_reader = None
         self._refresh.fleet.after_fork()
         self.health.probing = False
@@ -234,6 +235,18 @@ class PolicyControls:
         """:meth:`refresh_health` if ``health.refresh_interval`` has passed since the last
         refresh and no other thread is refreshing; None otherwise."""
         return self._refresh.maybe_refresh()
+
+    def use_loop_timer(self, create: Any | None) -> None:
+        """Time the driver's event loop with ``create(delay_s, callback)`` (its
+        ``create_timer``; None: stop): a silence while the client itself did not read
+        answers is not a host's stall. Request tracking sets it."""
+        self._refresh.loop_timer = create
+        self.health.lateness.loop_timer_lost()  # a timer set through another loop is moot
+
+    def time_event_loop(self) -> None:
+        """Set a timer on the driver's event loop, to learn how late the client reads
+        answers (the health refresh thread calls it; nothing without :meth:`use_loop_timer`)."""
+        self._refresh.time_event_loop()
 
     def start_health_refresh(self) -> None:
         """Refresh health every ``health.refresh_interval`` on a daemon thread (real clock).

@@ -63,6 +63,10 @@ class HealthRefresh:
         self.clients_reader: Callable[[ClientsOrder], None] | None = None
         """Sends one clients-table read (:mod:`adaptive_lb.stats.fleet`), beside the probe sender;
         None: none (the fleet size is configured or ``default_size``)."""
+        self.loop_timer: Callable[[float, Callable[[], None]], Any] | None = None
+        """Sets a timer on the driver's event loop (while request tracking is attached):
+        how late it fires is how late the client reads answers (:meth:`time_event_loop`);
+        None: the health thread's own lateness stands in."""
         self.fleet = FleetEstimate()
         """How many clients share the cluster (:mod:`adaptive_lb.stats.fleet`)."""
         self.pacer = FleetPacer()
@@ -84,6 +88,21 @@ class HealthRefresh:
         self.pacer = FleetPacer(random.Random(f"{state}:fleet"))
         self.fleet = FleetEstimate(random.Random(f"{state}:clients"))
         self._thresholds = random.Random(f"{state}:thresholds")
+
+    def time_event_loop(self) -> None:
+        """Set a timer due now on the driver's event loop, unless the last one has not
+        fired yet (:meth:`ClientLateness.loop_timer_due
+        <adaptive_lb.stats.lateness.ClientLateness.loop_timer_due>`); the health thread
+        calls it before each refresh."""
+        create, lateness = self.loop_timer, self.health.lateness
+        clock = self.health.clock
+        if create is None or not lateness.loop_timer_due(clock.now_ns()):
+            return
+        try:
+            create(0.0, lambda: lateness.loop_timer_fired(clock.now_ns()))
+        except Exception:
+            lateness.loop_timer_lost()
+            raise
 
     def refresh(self) -> list[HealthTransition]:
         """Refresh now (waits for a refresh in progress); the health transitions."""
@@ -336,6 +355,7 @@ class HealthRefresher(threading.Thread):
                 # How late this thread woke is how late the client handles anything now
                 # (adaptive_lb.stats.lateness): its answers too.
                 policy.health.lateness.observe(policy.now_ns(), late_s)
+                policy.time_event_loop()
                 policy.maybe_refresh_health()
             except Exception:
                 policy.record_error("health_refresh", "the last health verdicts stay")

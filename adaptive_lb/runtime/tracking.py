@@ -33,6 +33,7 @@ from adaptive_lb.runtime._driver import (
     FUTURE_POLICY_ATTRIBUTE,
     driver_release,
     hook_future,
+    loop_timer,
     pool_in_flight_reader,
     pool_problems,
     tracking_problems,
@@ -115,9 +116,11 @@ class RequestTracker:
             self._in_flight_source = pool_in_flight_reader(session)
         self.sampling = self._in_flight_source is not None
         session.add_request_init_listener(self._on_request)
+        timer = loop_timer(session)
         for policy in self.policies:
             self._adopt(policy)
             policy.tracking_attached()
+            policy.use_loop_timer(timer)
             policy.start_health_refresh()
         self.prober.start()
 
@@ -190,6 +193,7 @@ class RequestTracker:
                 policy.stats.remove_in_flight_source(self._in_flight_source)
         for policy in self.policies:
             policy.tracking_attached(False)
+            policy.use_loop_timer(None)
             policy.stop_health_refresh()
 
 

@@ -10,7 +10,11 @@ took (:class:`adaptive_lb.runtime.refresher.HealthRefresher`; the simulator feed
 judgement (:mod:`adaptive_lb.health.rules`, :mod:`adaptive_lb.health.evidence`) can discount what
 the client itself may have added: the largest lateness to any one answer (a tail), the
 median to most of them (a median), and what a majority of a host's ``n`` answers may all
-have had (:func:`majority_lateness`, the median rule's noise).
+have had (:func:`majority_lateness`, the median rule's noise). It also sums how long the
+client has not read answers at all (:attr:`ClientLateness.paused_total_s`), from the
+health thread's lateness and a timer on the driver's event loop (a callback can keep the
+loop while the health thread runs on time), so that a host's silence is counted in the
+client's own running time (the stall rule, :mod:`adaptive_lb.health.model`).
 
 Imports the standard library only.
 """
@@ -24,6 +28,7 @@ import threading
 from collections.abc import Sequence
 
 __all__ = [
+    "LOOP_TIMER_LOST_S",
     "MAJORITY_SAMPLES",
     "MAX_OBSERVATIONS",
     "ClientLateness",
@@ -46,6 +51,11 @@ def discounted(latency_s: float, lateness_s: float, reference_s: float) -> float
         return latency_s
     return max(min(latency_s, reference_s), latency_s - lateness_s)
 
+
+LOOP_TIMER_LOST_S = 30.0
+"""A timer on the driver's event loop this late is counted no later, and replaced: a loop
+kept that long has every request stuck anyway, and a timer the loop dropped must not hide
+a stall for ever."""
 
 MAJORITY_SAMPLES = 400
 """Answers counted at most by :func:`majority_lateness` (more would only lower the level)."""
@@ -100,10 +110,21 @@ def _majority_tail(samples: int, p: float) -> float:
 
 class ClientLateness:
     """How late the client's own timer fired over a sliding window of ``window_s`` seconds
-    (in ``intervals`` slices, as the statistics window). Thread-safe (one lock, taken a few
-    times a second, never on the request path); at most :data:`MAX_OBSERVATIONS` kept."""
+    (in ``intervals`` slices, as the statistics window), and how long, in all, the client has
+    not read answers (:attr:`paused_total_s`). Thread-safe (one lock, taken a few times a
+    second, never on the request path); at most :data:`MAX_OBSERVATIONS` kept."""
 
-    __slots__ = ("_intervals", "_lock", "_seen", "_slice_ns", "paused_s")
+    __slots__ = (
+        "_intervals",
+        "_lock",
+        "_loop_due_ns",
+        "_loop_late_ns",
+        "_loop_seen_ns",
+        "_paused_ns",
+        "_seen",
+        "_slice_ns",
+        "loop_timers_fired",
+    )
 
     def __init__(self, window_s: float = 10.0, intervals: int = 5) -> None:
         self._lock = threading.Lock()
@@ -113,10 +134,19 @@ class ClientLateness:
             maxlen=MAX_OBSERVATIONS
         )
         """(slice number, lateness in s) of each observation, oldest first."""
-        self.paused_s = 0.0
-        """Every lateness seen so far, summed (never forgotten): how long the client has
-        not run its timer in all. Between two readings, the time within which it did not
-        run, nor, most likely, handle any answer (a silence that long is the client's)."""
+        self._paused_ns = 0
+        """How long the client has not read answers, in all (never forgotten): per
+        observation, the larger of the health thread's lateness and how much later the
+        event loop ran since the last one (one pause delays both)."""
+        self._loop_due_ns: int | None = None
+        """When the timer on the driver's event loop in flight was due (None: none)."""
+        self._loop_late_ns = 0
+        """How late the event loop's timers fired, in all."""
+        self._loop_seen_ns = 0
+        """That, with the lateness of the timer in flight, at the last observation."""
+        self.loop_timers_fired = 0
+        """The event loop's timers fired so far. Until the first has, the loop's timing
+        counts for nothing (a reactor that never fires them must not hide a stall)."""
 
     def reconfigure(self, window_s: float, intervals: int) -> None:
         """A new window length (a reload): what was seen is forgotten."""
@@ -127,9 +157,11 @@ class ClientLateness:
 
     def after_fork(self) -> None:
         """In a forked child: a new lock (the parent's refresh thread may have held this
-        one at the fork) and nothing seen (the parent's lateness is not this process's)."""
+        one at the fork) and nothing seen (the parent's lateness is not this process's, nor
+        its event loop)."""
         self._lock = threading.Lock()
         self._seen = collections.deque(maxlen=MAX_OBSERVATIONS)
+        self._loop_due_ns = None
 
     def observe(self, now_ns: int, late_s: float) -> None:
         """The client's timer fired ``late_s`` seconds late at ``now_ns`` (early counts as
@@ -137,7 +169,46 @@ class ClientLateness:
         late_s = max(0.0, late_s)
         with self._lock:
             self._seen.append((now_ns // self._slice_ns, late_s))
-            self.paused_s += late_s
+            loop_ns = self._loop_late_ns
+            due = self._loop_due_ns
+            if due is not None and self.loop_timers_fired:
+                loop_ns += min(max(0, now_ns - due), round(LOOP_TIMER_LOST_S * _NS))
+            loop_ran_late, self._loop_seen_ns = max(0, loop_ns - self._loop_seen_ns), loop_ns
+            self._paused_ns += max(round(late_s * _NS), loop_ran_late)
+
+    def loop_timer_due(self, now_ns: int) -> bool:
+        """A timer on the driver's event loop is about to be set, due at ``now_ns``: False
+        while the last one has not fired (then none is set), unless it is
+        :data:`LOOP_TIMER_LOST_S` late (lost: replaced)."""
+        with self._lock:
+            due = self._loop_due_ns
+            if due is not None and now_ns - due < LOOP_TIMER_LOST_S * _NS:
+                return False
+            self._loop_due_ns = now_ns
+            return True
+
+    def loop_timer_fired(self, now_ns: int) -> None:
+        """The event loop's timer fired at ``now_ns`` (on the loop's thread): the loop did
+        not run from when it was due until now."""
+        with self._lock:
+            due, self._loop_due_ns = self._loop_due_ns, None
+            self.loop_timers_fired += 1
+            if due is not None:
+                self._loop_late_ns += min(max(0, now_ns - due), round(LOOP_TIMER_LOST_S * _NS))
+
+    def loop_timer_lost(self) -> None:
+        """The timer in flight will not fire (setting it failed, or its loop is gone)."""
+        with self._lock:
+            self._loop_due_ns = None
+
+    @property
+    def paused_total_s(self) -> float:
+        """How long, in all, the client has not read answers, as of the last observation:
+        its pauses (a GC, the GIL held by a long C call, a stopped process: its health
+        thread wakes late; a user callback keeping the driver's event loop: the loop's timer
+        fires late). Between two readings, a silence that long is the client's, not a
+        host's."""
+        return self._paused_ns / _NS
 
     def levels(self, now_ns: int) -> tuple[float, ...]:
         """Every lateness seen in the window ending at ``now_ns``, seconds, in increasing

@@ -246,6 +246,7 @@ def main() -> None:
         "request_tracking": snapshot.request_tracking,
         "health_refreshes": snapshot.health_refreshes,
         "internal_errors": snapshot.internal_errors,
+        "loop_timers_fired": policy.health.lateness.loop_timers_fired,
         "failures": counts.failures[:5],
         "failure_count": len(counts.failures),
         "requests": sum(sum(c.values()) for c in counts.by_phase),

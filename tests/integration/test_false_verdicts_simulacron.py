@@ -7,9 +7,9 @@ then the same two beside a closed loop of 32 in flight and two processes spinnin
 client's two cores, long enough for a suspected tail to be confirmed on later answers
 (a real one is within 1-3 s), so that a tail the client's own delays made would have had
 the time to become a verdict. ``benchmarks/false_verdicts.py`` runs the six runs of the
-table apart, 30 s each. A third run: the three clients, the client itself stopped for 3 s
-(holding the GIL in a long C call, as an application's own work can), longer than
-``health.stall_timeout``.
+table apart, 30 s each. A third run: the three clients, the client itself not reading
+answers for 3 s twice (the GIL held in a long C call; a callback keeping the driver's event
+loop), longer than ``health.stall_timeout``.
 """
 
 from __future__ import annotations
@@ -67,24 +67,38 @@ def test_equal_nodes_saturated_client_no_false_verdict(contact_points):
     assert seen.departures == []
 
 
-def test_a_client_that_stops_itself_for_3_s_judges_no_node_stalled(contact_points):
-    # Before, its first refresh after the pause, ahead of the event loop reading the answers
-    # that waited, saw the hosts with a tracked request in flight silent for 3 s: "stalled",
-    # ERRORING at penalty 1024 (1, 2 and 5 such verdicts in three runs of this test). The
-    # closed loop keeps tracked requests in flight on every host.
-    held = []
+def test_a_client_that_stops_reading_for_3_s_judges_no_node_stalled(contact_points):
+    # The client holds the GIL for 3 s (libc's sleep, called with it held, as a long C call
+    # does), then a callback of its own keeps the driver's event loop for 3 s (its health
+    # thread runs on time meanwhile), each longer than health.stall_timeout. Before, the
+    # first refresh after the GIL, ahead of the event loop reading the answers that waited,
+    # saw the hosts with a tracked request in flight silent for 3 s: "stalled", ERRORING at
+    # penalty 1024 (1, 2 and 5 such verdicts in three runs); the callback, every host of
+    # every session (20 in 30 s with three such callbacks). The closed loop keeps tracked
+    # requests in flight on every host.
+    held: list[float] = []
 
-    def hold_the_gil() -> None:
-        time.sleep(4.0)  # connected, the loads running
+    def stop_reading(sessions: list) -> None:
+        time.sleep(3.0)  # the loads running
         started = time.monotonic()
-        ctypes.PyDLL(None).sleep(3)  # libc's sleep, called with the GIL held
+        ctypes.PyDLL(None).sleep(3)
         held.append(time.monotonic() - started)
+        time.sleep(3.0)
+        session, statement = sessions[0]
+        kept = threading.Event()
 
-    holder = threading.Thread(target=hold_the_gil, daemon=True)
-    holder.start()
-    seen = run_loads(contact_points, policy, QUERY, [THIN, PACED, CLOSED], seconds=10.0)
-    holder.join(10.0)
-    print(f"\nheld the GIL {held}: answered {seen.answered}, failed {seen.failed}")
-    assert held and held[0] >= 2.9
+        def keep_the_loop(_rows: object) -> None:
+            started = time.monotonic()
+            time.sleep(3.0)  # on the driver's event loop thread
+            held.append(time.monotonic() - started)
+            kept.set()
+
+        session.execute_async(statement, (1,)).add_callback(keep_the_loop)
+        kept.wait(10.0)
+
+    loads = [THIN, PACED, CLOSED]
+    seen = run_loads(contact_points, policy, QUERY, loads, seconds=14.0, meanwhile=stop_reading)
+    print(f"\nstopped reading {held}: answered {seen.answered}, failed {seen.failed}")
+    assert len(held) == 2 and min(held) >= 2.9, held
     assert seen.answered["thin"] >= 40 and seen.answered["200"] >= 800, seen
     assert seen.departures == []

@@ -83,6 +83,8 @@ def check(report: dict, slow: str) -> None:
     assert report["request_tracking"] is True
     assert report["failure_count"] == 0, report["failures"]
     assert report["internal_errors"] == 0
+    # The stall rule times the client's reading of answers on this reactor's own loop.
+    assert report["loop_timers_fired"] >= 5, report
     assert report["health_refreshes"] > 0
     # Judged slow (later it may warm back, be judged again: its share is what counts), or
     # on the ramp to it: a few answers 4 x slower are a suspicion that raises its latency

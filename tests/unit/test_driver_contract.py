@@ -30,6 +30,7 @@ from adaptive_lb.plan._driver_policies import (
 from adaptive_lb.runtime._driver import (
     FUTURE_POLICY_ATTRIBUTE,
     driver_release,
+    loop_timer,
     pool_in_flight_reader,
     tracking_problems,
 )
@@ -140,6 +141,27 @@ def test_the_runtime_check_names_what_a_driver_release_changed():
         "ResponseFuture._query takes target, message, cb (expected host, message, cb)",
         "ResponseFuture._set_final_exception is gone",
     ]
+
+
+def test_the_event_loop_timer_the_stall_rule_times_the_client_with():
+    """``cluster.connection_class.create_timer(timeout, callback)``: how the driver times
+    its own request timeouts, on the thread that reads the answers, a classmethod of every
+    reactor's connection class. Fired for real in
+    tests/integration/test_false_verdicts_simulacron.py."""
+    import inspect
+
+    from cassandra.cluster import Cluster
+    from cassandra.connection import Connection
+
+    cluster = Cluster(contact_points=["127.0.0.1"], protocol_version=4)
+    try:
+        create = loop_timer(types.SimpleNamespace(cluster=cluster))
+        assert create is not None
+        assert list(inspect.signature(create).parameters) == ["timeout", "callback"]
+    finally:
+        cluster.shutdown()
+    assert "create_timer" in vars(Connection)  # the base class declares it
+    assert loop_timer(types.SimpleNamespace()) is None
 
 
 def test_per_request_host_targeting_the_probes_use():

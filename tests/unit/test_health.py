@@ -1107,6 +1107,50 @@ def test_a_stall_that_caught_only_untracked_requests_still_makes_the_host_suspec
     assert c.model.unanswered["h0"] == 0.0
 
 
+def test_the_time_the_client_did_not_read_answers_counts_one_pause_once():
+    """ClientLateness.paused_total_s: per observation (one a refresh), the larger of the
+    health thread's lateness and how much later the driver's event loop ran meanwhile (its
+    timer's lateness, the one in flight too): a GIL held or a stopped process delays both
+    and counts once; a callback keeping the loop delays the loop alone."""
+    from adaptive_lb.stats.lateness import LOOP_TIMER_LOST_S, ClientLateness
+
+    ms = 1_000_000
+    lateness = ClientLateness(10.0, 5)
+    # Until the loop has fired one of its timers, its timing counts for nothing (a reactor
+    # that never fires them must not hide a stall).
+    assert lateness.loop_timer_due(0)
+    lateness.observe(1 * S, 0.001)
+    assert lateness.paused_total_s == pytest.approx(0.001)
+    lateness.loop_timer_lost()
+    # The loop's timer, due at 1 s, fires 2 ms later: the loop ran late as the thread did.
+    assert lateness.loop_timer_due(1 * S)
+    assert not lateness.loop_timer_due(1 * S + 1 * ms)  # one timer in flight at a time
+    lateness.loop_timer_fired(1 * S + 2 * ms)
+    lateness.observe(1 * S + 200 * ms, 0.0)
+    assert lateness.paused_total_s == pytest.approx(0.003)
+    # A callback keeps the loop from 2 s: its timer, due then, has not fired at the next
+    # refreshes, which run on time; then it fires 3 s late.
+    assert lateness.loop_timer_due(2 * S)
+    lateness.observe(2 * S + 200 * ms, 0.0)
+    lateness.observe(4 * S, 0.0)
+    assert lateness.paused_total_s == pytest.approx(2.003)
+    lateness.loop_timer_fired(5 * S)
+    lateness.observe(5 * S + 100 * ms, 0.0)
+    assert lateness.paused_total_s == pytest.approx(3.003)
+    # The GIL held 4 s with a timer in flight: the thread and the loop 4 s late, once.
+    assert lateness.loop_timer_due(6 * S)
+    lateness.loop_timer_fired(10 * S)
+    lateness.observe(10 * S, 4.0)
+    assert lateness.paused_total_s == pytest.approx(7.003)
+    # A timer the loop never fires counts LOOP_TIMER_LOST_S at most, then is replaced.
+    assert lateness.loop_timer_due(20 * S)
+    lateness.observe(100 * S, 0.0)
+    assert lateness.paused_total_s == pytest.approx(7.003 + LOOP_TIMER_LOST_S)
+    assert lateness.loop_timer_due(100 * S)
+    lateness.loop_timer_lost()  # setting it failed
+    assert lateness.loop_timer_due(100 * S)
+
+
 def test_the_clients_lateness_is_the_largest_of_the_window_and_forgotten_after_it():
     """ClientLateness: every lateness over the window (10 s in 5 intervals of 2 s), and the
     largest and the median a Baseline derives from them."""

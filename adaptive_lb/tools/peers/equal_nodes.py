@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from attrs import define, field
@@ -145,11 +145,14 @@ def run_loads(
     loads: Sequence[Load],
     seconds: float,
     datacenter: str = "dc1",
+    meanwhile: Callable[[list[tuple[Any, Any]]], None] | None = None,
 ) -> SoakResult:
     """Connect one session per load (a policy from ``make_policy()``, ``attach(session)``
     with its defaults), wait for their pools, run every load at once for ``seconds``, and
-    return what they saw with every false verdict logged meanwhile. The sessions are shut
-    down before it returns."""
+    return what they saw with every false verdict logged meanwhile. ``meanwhile``, if
+    given, runs on a thread of its own beside the loads, given each load's ``(session,
+    prepared statement)``, and is waited for. The sessions are shut down before it
+    returns."""
     from adaptive_lb import attach
 
     result = SoakResult()
@@ -168,6 +171,9 @@ def run_loads(
                 threading.Thread(target=_paced, args=(session, statement, load, stop, result))
                 for session, statement, load in runs
             ]
+            if meanwhile is not None:
+                sessions = [(session, statement) for session, statement, _ in runs]
+                threads.append(threading.Thread(target=meanwhile, args=(sessions,)))
             for thread in threads:
                 thread.start()
             for thread in threads:
