@@ -1,5 +1,6 @@
 """Every driver internal request tracking relies on: the future hook, the pools' in-flight
-counts, and the checks of both a session is attached with.
+counts, the checks of both a session is attached with, and the event loop's timer the
+stall rule times the client's reading of answers with.
 
 The drivers have no public hook on each attempt of a request (first try, retry,
 speculative execution) nor on the number of requests in flight on a host, so they are read
