@@ -98,17 +98,18 @@ def run(session: Any, stmt: Any, concurrency: int, seconds: float) -> LoadResult
     return closed_loop(session, lambda i: (stmt, [i % 5000]), concurrency, seconds)
 
 
-def assert_exact_accounting(policy: AdaptiveLoadBalancingPolicy, result: LoadResult) -> None:
+def assert_exact_accounting(policy: AdaptiveLoadBalancingPolicy, *results: LoadResult) -> None:
     """Every attempt of a tracked request (all of them while traffic is thin, a 1-in-k
-    sample above it) was counted once and released once; none of the others was."""
+    sample above it) was counted once and released once; none of the others was
+    (``results``: every load the policy's session ran)."""
     for view in policy.topology.by_id.values():
         stats = view.stats
         address = view.host.address
         assert stats.counted_in_flight == 0, address
         assert stats.underflows == 0, address
         released = stats.requests_total + stats.abandons_total
-        tracked = result.tracked_attempts[address]
-        assert released == tracked, (address, released, tracked, result.attempts)
+        tracked = sum(result.tracked_attempts[address] for result in results)
+        assert released == tracked, (address, released, tracked, results[-1].attempts)
 
 
 def test_plans_contain_exactly_the_hosts_the_child_allows(driver_factory, nodes):
@@ -133,12 +134,18 @@ def test_slow_node_gets_almost_nothing(simulacron, driver_factory, nodes, concur
     _, _, stock_session, stock_stmt = connect(driver_factory, adaptive=False)
     stock = run(stock_session, stock_stmt, concurrency, 4.0)
     policy, _, session, stmt = connect(driver_factory, STEADY)
+    # The verdict first. Behind a client that 32 requests in flight saturate, its own
+    # lateness is tens of ms, and the evidence a verdict needs grows with it (precision
+    # first: issue 32); in CI, with other work on the machine, the node took 137 answers to
+    # be judged, 10 % of a 4 s run (13-58 answers in six runs on a quiet machine here).
+    judged = run(session, stmt, concurrency, 3.0)
     adaptive = run(session, stmt, concurrency, 4.0)
     print(
         f"\nconcurrency {concurrency}, +{delay} ms on {slow}: stock share "
         f"{stock.share(slow):.1%} p99 {stock.percentile(99) * 1000:.1f} ms "
-        f"({stock.requests} req); adaptive share {adaptive.share(slow):.1%} "
-        f"p99 {adaptive.percentile(99) * 1000:.1f} ms ({adaptive.requests} req)"
+        f"({stock.requests} req); adaptive share {judged.share(slow):.1%} while judged, "
+        f"{adaptive.share(slow):.1%} then, p99 {adaptive.percentile(99) * 1000:.1f} ms "
+        f"({adaptive.requests} req)"
     )
     for view in sorted(policy.topology.local, key=lambda v: v.host.address):
         window = policy.health.windows.get(view.host)
@@ -149,7 +156,7 @@ def test_slow_node_gets_almost_nothing(simulacron, driver_factory, nodes, concur
     # CPU-starved machine either may be higher (85.7 vs 65.4 ms once); the share is the
     # behaviour.
     assert not adaptive.errors
-    assert_exact_accounting(policy, adaptive)
+    assert_exact_accounting(policy, judged, adaptive)
 
 
 def test_ten_requests_a_second_see_a_node_50_ms_slower(simulacron, driver_factory, nodes):

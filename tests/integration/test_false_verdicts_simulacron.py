@@ -14,8 +14,6 @@ loop), longer than ``health.stall_timeout``.
 
 from __future__ import annotations
 
-import ctypes
-import threading
 import time
 from collections.abc import Iterator
 
@@ -23,7 +21,7 @@ import pytest
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
 from adaptive_lb import AdaptiveLoadBalancingPolicy
-from adaptive_lb.tools.peers.equal_nodes import Load, cpu_hog, run_loads
+from adaptive_lb.tools.peers.equal_nodes import Load, cpu_hog, run_loads, stop_reading
 from tests.integration.simulacron import Simulacron
 
 pytestmark = pytest.mark.integration
@@ -78,26 +76,13 @@ def test_a_client_that_stops_reading_for_3_s_judges_no_node_stalled(contact_poin
     # requests in flight on every host.
     held: list[float] = []
 
-    def stop_reading(sessions: list) -> None:
-        time.sleep(3.0)  # the loads running
-        started = time.monotonic()
-        ctypes.PyDLL(None).sleep(3)
-        held.append(time.monotonic() - started)
-        time.sleep(3.0)
-        session, statement = sessions[0]
-        kept = threading.Event()
-
-        def keep_the_loop(_rows: object) -> None:
-            started = time.monotonic()
-            time.sleep(3.0)  # on the driver's event loop thread
-            held.append(time.monotonic() - started)
-            kept.set()
-
-        session.execute_async(statement, (1,)).add_callback(keep_the_loop)
-        kept.wait(10.0)
+    def stop_twice(sessions: list) -> None:
+        for how in ("gil", "loop"):
+            time.sleep(3.0)  # the loads running
+            held.append(stop_reading(how, sessions))
 
     loads = [THIN, PACED, CLOSED]
-    seen = run_loads(contact_points, policy, QUERY, loads, seconds=14.0, meanwhile=stop_reading)
+    seen = run_loads(contact_points, policy, QUERY, loads, seconds=14.0, meanwhile=stop_twice)
     print(f"\nstopped reading {held}: answered {seen.answered}, failed {seen.failed}")
     assert len(held) == 2 and min(held) >= 2.9, held
     assert seen.answered["thin"] >= 40 and seen.answered["200"] >= 800, seen

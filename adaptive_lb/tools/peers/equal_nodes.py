@@ -6,8 +6,10 @@ What the false-verdict soak runs (``tests/integration/test_false_verdicts_simula
 the shipped defaults, each at a load of its own (:class:`Load`: paced at a rate with at
 most so many requests in flight, or a closed loop), beside processes spinning on the
 client's cores when asked (:func:`cpu_hog`: how a busy machine and CPU steal look to the
-client). :class:`Departures` counts the transitions out of ``healthy`` that the health
-model logs, as an operator reads them.
+client), or with the client itself not reading answers for a while
+(:func:`stop_reading`: the GIL held, the driver's event loop kept). :class:`Departures`
+counts the transitions out of ``healthy`` that the health model logs, as an operator reads
+them.
 
 Imports the library's public surface, the driver and the peers' connect helper.
 """
@@ -15,6 +17,7 @@ Imports the library's public surface, the driver and the peers' connect helper.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -29,7 +32,7 @@ from attrs import define, field
 
 from adaptive_lb.tools.peers.connect import connect_driver, wait_for_pools
 
-__all__ = ["Departures", "Load", "SoakResult", "cpu_hog", "run_loads"]
+__all__ = ["Departures", "Load", "SoakResult", "cpu_hog", "run_loads", "stop_reading"]
 
 HEALTH_LOGGER = "adaptive_lb.health"
 
@@ -97,6 +100,32 @@ def cpu_hog(processes: int) -> Iterator[list[int]]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(spinner.pid, signal.SIGKILL)
             spinner.wait(timeout=10)
+
+
+def stop_reading(how: str, sessions: Sequence[tuple[Any, Any]], seconds: int = 3) -> float:
+    """Keep this client from reading answers for ``seconds``, as an application can:
+    ``gil``: hold the GIL (libc's ``sleep`` called with it held, as a long C call does);
+    ``loop``: keep the driver's event loop in the callback of a request of the first of
+    ``sessions`` (``(session, prepared statement)``, as :func:`run_loads` gives them). Returns
+    how long it held, in seconds (0 if the request failed)."""
+    if how == "gil":
+        started = time.monotonic()
+        ctypes.PyDLL(None).sleep(seconds)
+        return time.monotonic() - started
+    held: list[float] = []
+    done = threading.Event()
+
+    def keep_the_loop(_rows: object) -> None:
+        started = time.monotonic()
+        time.sleep(seconds)  # on the driver's event loop thread
+        held.append(time.monotonic() - started)
+        done.set()
+
+    session, statement = sessions[0]
+    future = session.execute_async(statement, (1,))
+    future.add_callbacks(keep_the_loop, lambda _exc: done.set())
+    done.wait(seconds + 10.0)
+    return held[0] if held else 0.0
 
 
 def _paced(session: Any, statement: Any, load: Load, stop: float, result: SoakResult) -> None:
