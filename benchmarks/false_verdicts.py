@@ -48,8 +48,10 @@ LOADS = {
 }
 RUNS = [f"{machine}-{load}" for machine in ("quiet", "hog") for load in LOADS]
 STOPS = "stops-all"
+STOP_S = 3
+"""In ``stops-all``, the client stops reading answers for this many seconds..."""
 STOP_EVERY_S = 7.0
-"""In ``stops-all``, the client stops reading answers for 3 s every this many seconds."""
+"""...every this many seconds."""
 
 
 def stopping(seconds: float) -> Callable[[list[tuple[Any, Any]]], None]:
@@ -60,8 +62,8 @@ def stopping(seconds: float) -> Callable[[list[tuple[Any, Any]]], None]:
         for turn in itertools.count():
             if time.monotonic() + STOP_EVERY_S > end:
                 return
-            time.sleep(STOP_EVERY_S - 3.0)
-            stop_reading("gil" if turn % 2 == 0 else "loop", sessions)
+            time.sleep(STOP_EVERY_S - STOP_S)
+            stop_reading("gil" if turn % 2 == 0 else "loop", sessions, STOP_S)
 
     return stop
 

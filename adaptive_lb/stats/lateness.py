@@ -56,6 +56,14 @@ LOOP_TIMER_LOST_S = 30.0
 """A timer on the driver's event loop this late is counted no later, and replaced: a loop
 kept that long has every request stuck anyway, and a timer the loop dropped must not hide
 a stall for ever."""
+_LOOP_TIMER_LOST_NS = round(LOOP_TIMER_LOST_S * _NS)
+
+
+def _loop_late_ns(due_ns: int, now_ns: int) -> int:
+    """How late, at ``now_ns``, the event loop's timer due at ``due_ns`` is (at most
+    :data:`LOOP_TIMER_LOST_S`)."""
+    return min(max(0, now_ns - due_ns), _LOOP_TIMER_LOST_NS)
+
 
 MAJORITY_SAMPLES = 400
 """Answers counted at most by :func:`majority_lateness` (more would only lower the level)."""
@@ -172,7 +180,7 @@ class ClientLateness:
             loop_ns = self._loop_late_ns
             due = self._loop_due_ns
             if due is not None and self.loop_timers_fired:
-                loop_ns += min(max(0, now_ns - due), round(LOOP_TIMER_LOST_S * _NS))
+                loop_ns += _loop_late_ns(due, now_ns)
             loop_ran_late, self._loop_seen_ns = max(0, loop_ns - self._loop_seen_ns), loop_ns
             self._paused_ns += max(round(late_s * _NS), loop_ran_late)
 
@@ -182,7 +190,7 @@ class ClientLateness:
         :data:`LOOP_TIMER_LOST_S` late (lost: replaced)."""
         with self._lock:
             due = self._loop_due_ns
-            if due is not None and now_ns - due < LOOP_TIMER_LOST_S * _NS:
+            if due is not None and now_ns - due < _LOOP_TIMER_LOST_NS:
                 return False
             self._loop_due_ns = now_ns
             return True
@@ -194,7 +202,7 @@ class ClientLateness:
             due, self._loop_due_ns = self._loop_due_ns, None
             self.loop_timers_fired += 1
             if due is not None:
-                self._loop_late_ns += min(max(0, now_ns - due), round(LOOP_TIMER_LOST_S * _NS))
+                self._loop_late_ns += _loop_late_ns(due, now_ns)
 
     def loop_timer_lost(self) -> None:
         """The timer in flight will not fire (setting it failed, or its loop is gone)."""

@@ -108,6 +108,8 @@ def stop_reading(how: str, sessions: Sequence[tuple[Any, Any]], seconds: int = 3
     ``loop``: keep the driver's event loop in the callback of a request of the first of
     ``sessions`` (``(session, prepared statement)``, as :func:`run_loads` gives them). Returns
     how long it held, in seconds (0 if the request failed)."""
+    if how not in ("gil", "loop"):
+        raise ValueError(f"stop_reading: how is 'gil' or 'loop', not {how!r}")
     if how == "gil":
         started = time.monotonic()
         ctypes.PyDLL(None).sleep(seconds)
