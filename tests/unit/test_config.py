@@ -391,10 +391,10 @@ def test_an_alias_bomb_is_harmless():
         lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
     lines.append("policy: {sample_size: *a9, local_rack: *a9}")
     lines.append("tracing: {otlp: {headers: {k: *a9}}}")
-    start = time.monotonic()
+    start = time.thread_time()  # CPU, not wall-clock: a busy machine may preempt the test
     with pytest.raises(ConfigError) as info:
         parse_config("\n".join(lines) + "\n")
-    assert time.monotonic() - start < 5
+    assert time.thread_time() - start < 5
     assert len(str(info.value)) < 5000
     assert "policy.sample_size: must be an integer, got a list" in str(info.value)
 
@@ -407,13 +407,13 @@ def test_implausible_documents_under_1_mib_are_refused_quickly():
     }
     flat = "".join(f"a{i}: {i}\n" for i in range(120_000))
     documents["more than 10000 values: not a config file?"] = flat[: flat.rfind("\n", 0, mib) + 1]
-    start = time.monotonic()
+    start = time.thread_time()
     for words, text in documents.items():
         with pytest.raises(ConfigError) as info:
             parse_config(text, "x.yaml")
         assert str(info.value).startswith("x.yaml: line "), str(info.value)
         assert words in str(info.value)
-    assert time.monotonic() - start < 10  # about 2 s; without the limits, a minute
+    assert time.thread_time() - start < 10  # about 2 s; without the limits, a minute
     nested = "policy:\n  local_rack: " + "[" * 13 + "x" + "]" * 13 + "\n"
     with pytest.raises(ConfigError, match="must be a string or null, got a list"):
         parse_config(nested)  # "x" is 16 levels deep: allowed, only wrong
@@ -433,19 +433,19 @@ def test_a_long_list_of_errors_is_cut():
 def test_huge_file_is_refused_quickly(tmp_path):
     big = tmp_path / "big.yaml"
     big.write_text("# " + "x" * (10 * 1024 * 1024))
-    start = time.monotonic()
+    start = time.thread_time()
     with pytest.raises(ConfigError) as info:
         load_config(big)
-    assert time.monotonic() - start < 1
+    assert time.thread_time() - start < 1
     assert str(info.value) == (
         f"{big}: file is {10 * 1024 * 1024 + 2} bytes, more than 1024 KiB: not a config file?"
     )
-    start = time.monotonic()
+    start = time.thread_time()
     with pytest.raises(ConfigError, match="larger than 1024 KiB"):
         parse_config("a" * (10 * 1024 * 1024))
     with pytest.raises(ConfigError, match="larger than 1024 KiB"):
         parse_config("é" * (600 * 1024))  # 600 Ki characters, 1.2 MiB of UTF-8
-    assert time.monotonic() - start < 1
+    assert time.thread_time() - start < 1
     # Just under the limit is parsed.
     assert parse_config("#" * (1024 * 1024 - 1)) == Config()
 
@@ -1120,7 +1120,7 @@ def test_watcher_applies_good_files_and_keeps_the_last_good_one(tmp_path, caplog
         _replace(path, "policy:\n  sample_size: 5\n")
         assert _wait_for(lambda: len(changes) == 2)
         stopped = time.monotonic()
-    assert time.monotonic() - stopped < 1
+    assert time.monotonic() - stopped < 30  # promptly: not after a last interval's wait
     assert not watcher.running
     assert [c.policy.sample_size for c in changes] == [4, 5]
     assert len(errors) == 1 and "policy.sample_size: must be >= 1, got 0" in str(errors[0])
@@ -1133,7 +1133,7 @@ def test_watcher_stops_promptly_even_with_a_long_interval(tmp_path):
     watcher = ConfigWatcher(path, lambda config: None, interval=3600).start()
     start = time.monotonic()
     watcher.stop()
-    assert time.monotonic() - start < 1
+    assert time.monotonic() - start < 60  # not the hour's interval
     assert not watcher.running
 
 
