@@ -1120,7 +1120,7 @@ def test_watcher_applies_good_files_and_keeps_the_last_good_one(tmp_path, caplog
         _replace(path, "policy:\n  sample_size: 5\n")
         assert _wait_for(lambda: len(changes) == 2)
         stopped = time.monotonic()
-    assert time.monotonic() - stopped < 30  # promptly: not after a last interval's wait
+    assert time.monotonic() - stopped < 1
     assert not watcher.running
     assert [c.policy.sample_size for c in changes] == [4, 5]
     assert len(errors) == 1 and "policy.sample_size: must be >= 1, got 0" in str(errors[0])
@@ -1133,7 +1133,7 @@ def test_watcher_stops_promptly_even_with_a_long_interval(tmp_path):
     watcher = ConfigWatcher(path, lambda config: None, interval=3600).start()
     start = time.monotonic()
     watcher.stop()
-    assert time.monotonic() - start < 60  # not the hour's interval
+    assert time.monotonic() - start < 1
     assert not watcher.running
 
 
